@@ -163,7 +163,8 @@ def check_cache_tensor(op: str, name: str, cache, ndim: int, kv_cache_dtype: str
         return
     if named_dtype is not None and source_dtype != named_dtype:
         raise TypeError(
-            f"{op}: kv_cache_dtype={kv_cache_dtype!r} needs source tensors of {named_dtype}, got {source_dtype}"
+            f"{op}: argument 'kv_cache_dtype' is {kv_cache_dtype!r}, which needs source tensors of {named_dtype}, "
+            f"got {source_dtype}"
         )
     if cache.dtype != source_dtype:
         raise TypeError(
@@ -248,7 +249,8 @@ def check_rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_n
         check_index_values(op, positions=positions, num_positions=cos_sin_cache.size(0))
 
 
-def _check_mla_cache_args(op: str, kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale) -> None:
+def _check_mla_cache_args(op: str, kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale,
+                          scale_name: str = "scale") -> None:
     require_tensor(op, "kv_c", kv_c, ndim=2, dtypes=FLOAT_DTYPES)
     require_tensor(op, "k_pe", k_pe, ndim=2, dtypes=FLOAT_DTYPES)
     require_same_dtype(op, "kv_c", kv_c, k_pe=k_pe)
@@ -258,7 +260,7 @@ def _check_mla_cache_args(op: str, kv_c, k_pe, kv_cache, slot_mapping, kv_cache_
     check_cache_tensor(op, "kv_cache", kv_cache, 3, kv_cache_dtype, kv_c.dtype)
     require_size(op, "kv_cache", kv_cache, 2, kv_c.size(1) + k_pe.size(1), "entry width L + R")
     check_slot_mapping(op, slot_mapping, num_tokens)
-    check_scale(op, "scale", scale)
+    check_scale(op, scale_name, scale)
 
 
 def check_concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale,
@@ -275,7 +277,7 @@ def check_concat_and_cache_mla_rope_fused(positions, q_pe, k_pe, kv_c, cos_sin_c
                                           check_values: bool | None = None) -> None:
     op = "concat_and_cache_mla_rope_fused"
     require_tensor(op, "q_pe", q_pe, ndim=3, dtypes=FLOAT_DTYPES)
-    _check_mla_cache_args(op, kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, kv_cache_scale)
+    _check_mla_cache_args(op, kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, kv_cache_scale, "kv_cache_scale")
     require_same_dtype(op, "kv_c", kv_c, q_pe=q_pe)
     require_size(op, "q_pe", q_pe, 0, kv_c.size(0), "tokens of 'kv_c'")
     rotary_dim = k_pe.size(1)
