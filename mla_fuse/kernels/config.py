@@ -1,0 +1,73 @@
+"""Launch configuration: how many tokens and heads one program handles, per backend.
+
+* Interpreter (CPU): every program costs a fixed Python overhead per Triton
+  operation, so a program takes a large block of tokens and all heads (a tile
+  of up to ``INTERPRETER_TILE_ELEMENTS`` elements) and the grid stays tiny.
+* GPU: one token per program while that still gives every SM several
+  programs, a few tokens per program for long prefills; heads are split so a
+  program's rotary tile stays near ``GPU_TILE_ELEMENTS`` elements (registers).
+"""
+
+from __future__ import annotations
+
+import triton
+
+import torch
+
+from mla_fuse.kernels import INTERPRETED
+
+INTERPRETER_TILE_ELEMENTS = 1 << 18
+GPU_TILE_ELEMENTS = 4096
+GPU_LONG_PREFILL_TOKENS = 4096
+
+#: Compile options of every launch. No FMA contraction: ``a*c - b*s`` is two
+#: IEEE products and one IEEE difference on GPU as under the interpreter, so
+#: both backends give the same bits (and fused == unfused trivially).
+COMPILE_OPTIONS = {"enable_fp_fusion": False}
+
+
+def _floor_pow2(n: int) -> int:
+    return 1 << (max(n, 1).bit_length() - 1)
+
+
+def token_block(num_tokens: int, elements_per_token: int) -> int:
+    """Tokens per program (a power of two)."""
+    elements_per_token = max(elements_per_token, 1)
+    if INTERPRETED:
+        cap = _floor_pow2(INTERPRETER_TILE_ELEMENTS // elements_per_token)
+        return max(1, min(triton.next_power_of_2(max(num_tokens, 1)), cap))
+    if num_tokens < GPU_LONG_PREFILL_TOKENS:
+        return 1
+    return max(1, min(4, _floor_pow2(GPU_TILE_ELEMENTS // elements_per_token)))
+
+
+def heads_per_program(num_heads: int, elements_per_head: int) -> int:
+    """Heads per program: all of them on the interpreter, a register-sized block on GPU."""
+    if INTERPRETED or num_heads == 0:
+        return max(num_heads, 1)
+    per_program = max(1, _floor_pow2(GPU_TILE_ELEMENTS // max(elements_per_head, 1)))
+    return min(num_heads, per_program)
+
+
+def num_warps(tile_elements: int) -> int:
+    """Warps for a program whose largest tile has ``tile_elements`` elements."""
+    if tile_elements >= 8192:
+        return 8
+    if tile_elements >= 2048:
+        return 4
+    return 2
+
+
+def block(size: int) -> int:
+    """The power-of-two tile width covering ``size`` elements (at least 1)."""
+    return triton.next_power_of_2(max(size, 1))
+
+
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for non-negative ints."""
+    return -(-a // b)
+
+
+def scale_stride(scale: torch.Tensor) -> int:
+    """Element stride between per-head scales: 0 for a one-element scale (every head shares it)."""
+    return 0 if scale.numel() == 1 else scale.stride(0)

@@ -1,0 +1,94 @@
+"""MHA (flash layout) paged-cache write (``reshape_and_cache_flash``).
+
+Formula, for every token ``t < len(slot_mapping)`` with ``slot = slot_mapping[t] >= 0``
+and every KV head ``h``:
+
+    key_cache[slot // B, slot % B, h]   <- stored(key[t, h],   k_scale[h])
+    value_cache[slot // B, slot % B, h] <- stored(value[t, h], v_scale[h])
+
+``stored(x, scale)`` is ``x``'s bits (``auto``/named caches) or
+``fp8(clamp(float32(x) / scale))`` (fp8 caches); a ``[1]`` scale serves every
+head (stride 0). Padded slots (``< 0``) and tokens past ``len(slot_mapping)``
+write nothing.
+
+Grid: ``(cdiv(len(slot_mapping), BLOCK_TOKENS), cdiv(Hkv, kv_heads_per_program))``.
+
+Operands (element strides; the innermost stride is 1 everywhere):
+  key          [T, Hkv, D]       in dtype      stride_key_token, stride_key_head
+  value        [T, Hkv, Dv]      in dtype      stride_value_token, stride_value_head
+  slot_mapping [T' <= T]         int32/int64   stride_slot
+  key_cache    [NB, B, Hkv, D]   in dtype, or uint8 codes for fp8   stride_key_cache_{block,entry,head}
+  value_cache  [NB, B, Hkv, Dv]  as key_cache                      stride_value_cache_{block,entry,head}
+  k_scale, v_scale  [1] or [Hkv] fp32          stride_k_scale, stride_v_scale (0 for [1])
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from mla_fuse.kernels import config
+from mla_fuse.kernels.conversions import FP8_FORMATS
+from mla_fuse.kernels.indexing import cache_slots, head_range, store_heads, token_range
+
+
+@triton.jit
+def flash_cache_kernel(
+    # pointers
+    key_ptr, value_ptr, key_cache_ptr, value_cache_ptr, slot_mapping_ptr, k_scale_ptr, v_scale_ptr,
+    # sizes
+    num_slots, num_kv_heads, kv_heads_per_program, block_size,
+    # strides
+    stride_key_token, stride_key_head, stride_value_token, stride_value_head, stride_slot,
+    stride_key_cache_block, stride_key_cache_entry, stride_key_cache_head,
+    stride_value_cache_block, stride_value_cache_entry, stride_value_cache_head,
+    stride_k_scale, stride_v_scale,
+    # constexprs
+    HEAD_SIZE: tl.constexpr, VALUE_HEAD_SIZE: tl.constexpr, FP8_FORMAT: tl.constexpr,
+    BLOCK_TOKENS: tl.constexpr, BLOCK_KV_HEADS: tl.constexpr, BLOCK_HEAD: tl.constexpr,
+    BLOCK_VALUE_HEAD: tl.constexpr,
+):
+    # ---- program id -> tokens and KV heads
+    tokens, token_mask = token_range(num_slots, BLOCK_TOKENS)
+    heads, head_mask = head_range(tl.program_id(1), kv_heads_per_program, num_kv_heads, BLOCK_KV_HEADS)
+
+    # ---- load slot -> cache entries (slot >= 0 only)
+    block_index, block_offset, write = cache_slots(slot_mapping_ptr, tokens, token_mask, num_slots, stride_slot,
+                                                   block_size)
+
+    # ---- quantize (fp8) + store key and value heads
+    store_heads(key_ptr, key_cache_ptr, k_scale_ptr, tokens, heads, write, head_mask, stride_key_token,
+                stride_key_head, block_index * stride_key_cache_block + block_offset * stride_key_cache_entry,
+                stride_key_cache_head, stride_k_scale, 0, HEAD_SIZE, FP8_FORMAT, BLOCK_HEAD)
+    store_heads(value_ptr, value_cache_ptr, v_scale_ptr, tokens, heads, write, head_mask, stride_value_token,
+                stride_value_head, block_index * stride_value_cache_block + block_offset * stride_value_cache_entry,
+                stride_value_cache_head, stride_v_scale, 0, VALUE_HEAD_SIZE, FP8_FORMAT, BLOCK_VALUE_HEAD)
+
+
+def launch(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+           slot_mapping: torch.Tensor, fp8_format: str | None, k_scale: torch.Tensor, v_scale: torch.Tensor) -> None:
+    """Launch on already validated arguments; strides come from the tensors as given."""
+    num_slots = slot_mapping.size(0)
+    num_kv_heads, head_size, value_head_size = key.size(1), key.size(2), value.size(2)
+    if num_slots == 0 or num_kv_heads == 0:
+        return
+    if fp8_format is not None:
+        key_cache, value_cache = key_cache.view(torch.uint8), value_cache.view(torch.uint8)  # the code bits
+    kv_heads_per_program = config.heads_per_program(num_kv_heads, head_size + value_head_size)
+    block_kv_heads = config.block(kv_heads_per_program)
+    block_tokens = config.token_block(num_slots, block_kv_heads * (head_size + value_head_size))
+    grid = (config.cdiv(num_slots, block_tokens), config.cdiv(num_kv_heads, kv_heads_per_program))
+    flash_cache_kernel[grid](
+        key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale,
+        num_slots, num_kv_heads, kv_heads_per_program, key_cache.size(1),
+        key.stride(0), key.stride(1), value.stride(0), value.stride(1), slot_mapping.stride(0),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+        config.scale_stride(k_scale), config.scale_stride(v_scale),
+        HEAD_SIZE=head_size, VALUE_HEAD_SIZE=value_head_size, FP8_FORMAT=FP8_FORMATS[fp8_format],
+        BLOCK_TOKENS=block_tokens, BLOCK_KV_HEADS=block_kv_heads, BLOCK_HEAD=config.block(head_size),
+        BLOCK_VALUE_HEAD=config.block(value_head_size),
+        num_warps=config.num_warps(block_tokens * block_kv_heads * (head_size + value_head_size)),
+        **config.COMPILE_OPTIONS,
+    )

@@ -1,0 +1,141 @@
+"""Fused MHA RoPE + flash paged-cache write (``rope_and_reshape_and_cache_flash``).
+
+Formula, for every token ``t < T`` and pair ``j < R/2`` of a head's first ``R``
+elements (NeoX: ``(j, j + R/2)``, GPT-J: ``(2j, 2j + 1)``),
+``c, s = cos_sin_cache[positions[t], j], cos_sin_cache[positions[t], R/2 + j]``:
+
+    query[t, h, pair] <- round(a*c - b*s), round(b*c + a*s)     (every query head, fp32 math)
+    key[t, h, pair]   <- the same rotation                       (every KV head)
+    if t < len(slot_mapping) and slot = slot_mapping[t] >= 0, for every KV head h:
+        key_cache[slot // B, slot % B, h]   <- stored(key[t, h] rotated, k_scale[h])
+        value_cache[slot // B, slot % B, h] <- stored(value[t, h],       v_scale[h])
+
+Elements ``R..D`` of a head pass through (not rotated; copied to the cache).
+``stored(x, scale)`` is ``x``'s bits or ``fp8(clamp(float32(x) / scale))``
+with ``x`` the rotated key already rounded to the input dtype (the bits
+written back to ``key``). Every row is rotated, padded or not.
+
+Grid: ``(cdiv(T, BLOCK_TOKENS), G)``, ``G = cdiv(H, query_heads_per_program)``.
+Program ``(i, g)`` handles tokens ``[i*BLOCK_TOKENS, +BLOCK_TOKENS)``, query
+heads ``[g*query_heads_per_program, ...)`` and KV heads
+``[g*kv_heads_per_program, ...)`` with ``kv_heads_per_program = cdiv(Hkv, G)``.
+
+Operands (element strides; the innermost stride is 1 everywhere):
+  positions     [T]               int32/int64    stride_position
+  query         [T, H, D]         fp32/fp16/bf16 stride_query_token, stride_query_head
+  key           [T, Hkv, D]       query dtype    stride_key_token, stride_key_head
+  value         [T, Hkv, Dv]      query dtype    stride_value_token, stride_value_head
+  cos_sin_cache [P, R]            fp32/in dtype  stride_cos_sin_position
+  slot_mapping  [T' <= T]         int32/int64    stride_slot
+  key_cache     [NB, B, Hkv, D]   in dtype, or uint8 codes for fp8   stride_key_cache_{block,entry,head}
+  value_cache   [NB, B, Hkv, Dv]  as key_cache                      stride_value_cache_{block,entry,head}
+  k_scale, v_scale  [1] or [Hkv]  fp32           stride_k_scale, stride_v_scale (0 for [1])
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from mla_fuse.kernels import config
+from mla_fuse.kernels.conversions import FP8_FORMATS, quantize
+from mla_fuse.kernels.indexing import cache_slots, head_range, store_heads, token_range
+from mla_fuse.kernels.rotation import load_cos_sin, rotate_in_place, store_pairs
+
+
+@triton.jit
+def flash_rope_cache_kernel(
+    # pointers
+    positions_ptr, query_ptr, key_ptr, value_ptr, cos_sin_ptr, slot_mapping_ptr, key_cache_ptr, value_cache_ptr,
+    k_scale_ptr, v_scale_ptr,
+    # sizes
+    num_tokens, num_query_heads, num_kv_heads, query_heads_per_program, kv_heads_per_program, num_slots,
+    block_size,
+    # strides
+    stride_position, stride_query_token, stride_query_head, stride_key_token, stride_key_head,
+    stride_value_token, stride_value_head, stride_cos_sin_position, stride_slot,
+    stride_key_cache_block, stride_key_cache_entry, stride_key_cache_head,
+    stride_value_cache_block, stride_value_cache_entry, stride_value_cache_head,
+    stride_k_scale, stride_v_scale,
+    # constexprs
+    HEAD_SIZE: tl.constexpr, VALUE_HEAD_SIZE: tl.constexpr, HALF: tl.constexpr, IS_NEOX: tl.constexpr,
+    FP8_FORMAT: tl.constexpr, BLOCK_TOKENS: tl.constexpr, BLOCK_QUERY_HEADS: tl.constexpr,
+    BLOCK_KV_HEADS: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr,
+    BLOCK_VALUE_HEAD: tl.constexpr,
+):
+    # ---- program id -> tokens and heads
+    tokens, token_mask = token_range(num_tokens, BLOCK_TOKENS)
+    head_block = tl.program_id(1)
+
+    # ---- load position -> cos/sin  [BLOCK_TOKENS, 1, BLOCK_HALF], fp32
+    cos, sin = load_cos_sin(positions_ptr, cos_sin_ptr, tokens, token_mask, stride_position, stride_cos_sin_position,
+                            HALF, BLOCK_HALF)
+
+    # ---- rotate query[tokens, heads, :R] in place
+    heads, head_mask = head_range(head_block, query_heads_per_program, num_query_heads, BLOCK_QUERY_HEADS)
+    rows = query_ptr + tokens[:, None] * stride_query_token + heads[None, :] * stride_query_head
+    rotate_in_place(rows, token_mask[:, None] & head_mask[None, :], cos, sin, HALF, BLOCK_HALF, IS_NEOX)
+
+    # ---- rotate key[tokens, kv heads, :R] in place (every row, padded or not)
+    kv_heads, kv_head_mask = head_range(head_block, kv_heads_per_program, num_kv_heads, BLOCK_KV_HEADS)
+    rows = key_ptr + tokens[:, None] * stride_key_token + kv_heads[None, :] * stride_key_head
+    k_pairs = rotate_in_place(rows, token_mask[:, None] & kv_head_mask[None, :], cos, sin, HALF, BLOCK_HALF,
+                              IS_NEOX)
+
+    # ---- load slot -> cache entries (t < len(slot_mapping) and slot >= 0 only)
+    block_index, block_offset, write = cache_slots(slot_mapping_ptr, tokens, token_mask, num_slots, stride_slot,
+                                                   block_size)
+    key_entries = block_index * stride_key_cache_block + block_offset * stride_key_cache_entry
+
+    # ---- quantize (fp8: code = fp8(clamp(k / k_scale[h])), k rounded as written back) + store rotated key
+    if FP8_FORMAT != 0:
+        k_scale = tl.load(k_scale_ptr + kv_heads * stride_k_scale, mask=kv_head_mask, other=1.0)
+        k_pairs = quantize(k_pairs, k_scale[None, :, None, None], FP8_FORMAT)
+    key_rows = key_cache_ptr + key_entries[:, None] + kv_heads[None, :] * stride_key_cache_head
+    store_pairs(key_rows, write[:, None] & kv_head_mask[None, :], k_pairs, HALF, BLOCK_HALF, IS_NEOX)
+
+    # ---- the unrotated tail key[..., R:D] and the value heads
+    if HEAD_SIZE > 2 * HALF:
+        store_heads(key_ptr, key_cache_ptr, k_scale_ptr, tokens, kv_heads, write, kv_head_mask, stride_key_token,
+                    stride_key_head, key_entries, stride_key_cache_head, stride_k_scale, 2 * HALF, HEAD_SIZE,
+                    FP8_FORMAT, BLOCK_TAIL)
+    store_heads(value_ptr, value_cache_ptr, v_scale_ptr, tokens, kv_heads, write, kv_head_mask, stride_value_token,
+                stride_value_head, block_index * stride_value_cache_block + block_offset * stride_value_cache_entry,
+                stride_value_cache_head, stride_v_scale, 0, VALUE_HEAD_SIZE, FP8_FORMAT, BLOCK_VALUE_HEAD)
+
+
+def launch(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+           key_cache: torch.Tensor, value_cache: torch.Tensor, slot_mapping: torch.Tensor,
+           cos_sin_cache: torch.Tensor, is_neox: bool, fp8_format: str | None, k_scale: torch.Tensor,
+           v_scale: torch.Tensor) -> None:
+    """Launch on already validated arguments; strides come from the tensors as given."""
+    num_tokens, num_query_heads, head_size = query.shape
+    num_kv_heads, value_head_size = key.size(1), value.size(2)
+    rotary_dim = cos_sin_cache.size(1)
+    if num_tokens == 0:
+        return
+    if fp8_format is not None:
+        key_cache, value_cache = key_cache.view(torch.uint8), value_cache.view(torch.uint8)  # the code bits
+    query_heads_per_program = config.heads_per_program(num_query_heads, rotary_dim)
+    num_head_blocks = max(config.cdiv(num_query_heads, query_heads_per_program), 1)  # KV heads need a program
+    kv_heads_per_program = max(config.cdiv(num_kv_heads, num_head_blocks), 1)
+    block_query_heads, block_kv_heads = config.block(query_heads_per_program), config.block(kv_heads_per_program)
+    elements_per_token = block_query_heads * rotary_dim + block_kv_heads * (head_size + value_head_size)
+    block_tokens = config.token_block(num_tokens, elements_per_token)
+    grid = (config.cdiv(num_tokens, block_tokens), num_head_blocks)
+    flash_rope_cache_kernel[grid](
+        positions, query, key, value, cos_sin_cache, slot_mapping, key_cache, value_cache, k_scale, v_scale,
+        num_tokens, num_query_heads, num_kv_heads, query_heads_per_program, kv_heads_per_program,
+        slot_mapping.size(0), key_cache.size(1),
+        positions.stride(0), query.stride(0), query.stride(1), key.stride(0), key.stride(1),
+        value.stride(0), value.stride(1), cos_sin_cache.stride(0), slot_mapping.stride(0),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+        config.scale_stride(k_scale), config.scale_stride(v_scale),
+        HEAD_SIZE=head_size, VALUE_HEAD_SIZE=value_head_size, HALF=rotary_dim // 2, IS_NEOX=is_neox,
+        FP8_FORMAT=FP8_FORMATS[fp8_format], BLOCK_TOKENS=block_tokens, BLOCK_QUERY_HEADS=block_query_heads,
+        BLOCK_KV_HEADS=block_kv_heads, BLOCK_HALF=config.block(rotary_dim // 2),
+        BLOCK_TAIL=config.block(head_size - rotary_dim), BLOCK_VALUE_HEAD=config.block(value_head_size),
+        num_warps=config.num_warps(block_tokens * elements_per_token), **config.COMPILE_OPTIONS,
+    )

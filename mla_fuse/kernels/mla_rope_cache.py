@@ -1,0 +1,121 @@
+"""Fused MLA RoPE + paged-cache write (``concat_and_cache_mla_rope_fused``).
+
+Formula, for every token ``t < T`` and pair ``j < R/2`` (NeoX: ``(j, j + R/2)``,
+GPT-J: ``(2j, 2j + 1)``), ``c, s = cos_sin_cache[positions[t], j], [.., R/2 + j]``:
+
+    q_pe[t, h, pair] <- round(a*c - b*s), round(b*c + a*s)     (every head h, fp32 math)
+    k_pe[t, pair]    <- the same rotation of k_pe[t]
+    if t < len(slot_mapping) and slot = slot_mapping[t] >= 0:
+        kv_cache[slot // B, slot % B] <- [ stored(kv_c[t]) (L) | stored(k_pe[t] rotated) (R) ]
+
+``stored(x)`` is ``x``'s bits (``auto``/named caches) or
+``fp8(clamp(float32(x) / scale))`` (fp8 caches), with ``x`` the rotated k
+already rounded to the input dtype: the same bits written back to ``k_pe``.
+Every row is rotated, padded or not.
+
+Grid: ``(cdiv(T, BLOCK_TOKENS), cdiv(H, heads_per_program))``. Program
+``(i, g)`` rotates ``q_pe`` for tokens ``[i*BLOCK_TOKENS, +BLOCK_TOKENS)`` and
+heads of block ``g``; programs with ``g == 0`` also rotate ``k_pe`` and write
+the cache for their tokens.
+
+Operands (element strides; the innermost stride is 1 everywhere):
+  positions     [T]              int32/int64   stride_position
+  q_pe          [T, H, R]        in dtype      stride_q_token, stride_q_head   (often q[..., nope:])
+  k_pe          [T, R]           in dtype      stride_k_token                  (often kv[:, L:])
+  kv_c          [T, L]           in dtype      stride_kv_c_token               (often kv[:, :L])
+  cos_sin_cache [P, R]           fp32/in dtype stride_cos_sin_position
+  slot_mapping  [T' <= T]        int32/int64   stride_slot
+  kv_cache      [NB, B, L + R]   in dtype, or uint8 codes for fp8   stride_cache_block, stride_cache_entry
+  scale         [1]              fp32
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from mla_fuse.kernels import config
+from mla_fuse.kernels.conversions import FP8_FORMATS, quantize
+from mla_fuse.kernels.indexing import cache_slots, head_range, token_range
+from mla_fuse.kernels.rotation import load_cos_sin, rotate_in_place, store_pairs
+
+
+@triton.jit
+def mla_rope_cache_kernel(
+    # pointers
+    positions_ptr, q_pe_ptr, k_pe_ptr, kv_c_ptr, cos_sin_ptr, slot_mapping_ptr, kv_cache_ptr, scale_ptr,
+    # sizes
+    num_tokens, num_heads, heads_per_program, num_slots, block_size,
+    # strides
+    stride_position, stride_q_token, stride_q_head, stride_k_token, stride_kv_c_token, stride_cos_sin_position,
+    stride_slot, stride_cache_block, stride_cache_entry,
+    # constexprs
+    LATENT: tl.constexpr, HALF: tl.constexpr, IS_NEOX: tl.constexpr, FP8_FORMAT: tl.constexpr,
+    BLOCK_TOKENS: tl.constexpr, BLOCK_HEADS: tl.constexpr, BLOCK_LATENT: tl.constexpr, BLOCK_HALF: tl.constexpr,
+):
+    # ---- program id -> tokens and heads
+    tokens, token_mask = token_range(num_tokens, BLOCK_TOKENS)
+    head_block = tl.program_id(1)
+    heads, head_mask = head_range(head_block, heads_per_program, num_heads, BLOCK_HEADS)
+
+    # ---- load position -> cos/sin  [BLOCK_TOKENS, 1, BLOCK_HALF], fp32
+    cos, sin = load_cos_sin(positions_ptr, cos_sin_ptr, tokens, token_mask, stride_position, stride_cos_sin_position,
+                            HALF, BLOCK_HALF)
+
+    # ---- rotate q_pe[tokens, heads] in place
+    q_rows = q_pe_ptr + tokens[:, None] * stride_q_token + heads[None, :] * stride_q_head
+    rotate_in_place(q_rows, token_mask[:, None] & head_mask[None, :], cos, sin, HALF, BLOCK_HALF, IS_NEOX)
+
+    if head_block == 0:
+        # ---- rotate k_pe[tokens] in place (every row, padded or not): pairs [BLOCK_TOKENS, 1, BLOCK_HALF, 2]
+        k_rows = k_pe_ptr + tokens[:, None] * stride_k_token
+        k_pairs = rotate_in_place(k_rows, token_mask[:, None], cos, sin, HALF, BLOCK_HALF, IS_NEOX)
+
+        # ---- load slot -> cache entry (t < len(slot_mapping) and slot >= 0 only)
+        block_index, block_offset, write = cache_slots(slot_mapping_ptr, tokens, token_mask, num_slots, stride_slot,
+                                                       block_size)
+        entries = block_index * stride_cache_block + block_offset * stride_cache_entry  # int64 [BLOCK_TOKENS]
+
+        # ---- quantize (fp8 caches: code = fp8(clamp(x / scale))) of kv_c and of the rounded rotated k_pe
+        latent = tl.arange(0, BLOCK_LATENT).to(tl.int64)[None, :]
+        latent_mask = write[:, None] & (latent < LATENT)
+        if BLOCK_LATENT != LATENT:  # clamp masked-off lanes in bounds
+            latent = tl.minimum(latent, LATENT - 1)
+        kv_c = tl.load(kv_c_ptr + tokens[:, None] * stride_kv_c_token + latent, mask=latent_mask)
+        if FP8_FORMAT != 0:
+            scale = tl.load(scale_ptr)
+            kv_c = quantize(kv_c, scale, FP8_FORMAT)
+            k_pairs = quantize(k_pairs, scale, FP8_FORMAT)
+
+        # ---- store the entry [kv_c (L) | rotated k_pe (R)]
+        tl.store(kv_cache_ptr + entries[:, None] + latent, kv_c, mask=latent_mask)
+        store_pairs(kv_cache_ptr + (entries + LATENT)[:, None], write[:, None], k_pairs, HALF, BLOCK_HALF, IS_NEOX)
+
+
+def launch(positions: torch.Tensor, q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tensor,
+           cos_sin_cache: torch.Tensor, is_neox: bool, slot_mapping: torch.Tensor, kv_cache: torch.Tensor,
+           fp8_format: str | None, scale: torch.Tensor) -> None:
+    """Launch on already validated arguments; strides come from the tensors as given."""
+    num_tokens, num_heads, rotary_dim = q_pe.shape
+    latent_dim = kv_c.size(1)
+    if num_tokens == 0:
+        return
+    if fp8_format is not None:
+        kv_cache = kv_cache.view(torch.uint8)  # same storage and strides; stores the code bits
+    half = rotary_dim // 2
+    heads_per_program = config.heads_per_program(num_heads, rotary_dim)
+    block_heads = config.block(heads_per_program)
+    block_tokens = config.token_block(num_tokens, block_heads * rotary_dim + latent_dim + rotary_dim)
+    # head block 0 also rotates k_pe and writes the cache, so there is one even without query heads
+    grid = (config.cdiv(num_tokens, block_tokens), max(config.cdiv(num_heads, heads_per_program), 1))
+    mla_rope_cache_kernel[grid](
+        positions, q_pe, k_pe, kv_c, cos_sin_cache, slot_mapping, kv_cache, scale,
+        num_tokens, num_heads, heads_per_program, slot_mapping.size(0), kv_cache.size(1),
+        positions.stride(0), q_pe.stride(0), q_pe.stride(1), k_pe.stride(0), kv_c.stride(0),
+        cos_sin_cache.stride(0), slot_mapping.stride(0), kv_cache.stride(0), kv_cache.stride(1),
+        LATENT=latent_dim, HALF=half, IS_NEOX=is_neox, FP8_FORMAT=FP8_FORMATS[fp8_format],
+        BLOCK_TOKENS=block_tokens, BLOCK_HEADS=block_heads,
+        BLOCK_LATENT=config.block(latent_dim), BLOCK_HALF=config.block(half),
+        num_warps=config.num_warps(block_tokens * block_heads * rotary_dim), **config.COMPILE_OPTIONS,
+    )

@@ -1,0 +1,104 @@
+"""RoPE of query and key heads, in place (``rotary_embedding``).
+
+Formula, for every token ``t < T``, head ``h`` and pair ``j < R/2`` of the
+head's first ``R`` elements (NeoX: ``(j, j + R/2)``, GPT-J: ``(2j, 2j + 1)``),
+``c, s = cos_sin_cache[positions[t], j], cos_sin_cache[positions[t], R/2 + j]``:
+
+    x[t, h, pair] <- round(a*c - b*s), round(b*c + a*s)      (fp32 math, one rounding)
+
+for ``x`` = ``query`` and ``key`` (if given). Elements ``R..head_size`` of a
+head are not touched (partial rotary).
+
+Grid: ``(cdiv(T, BLOCK_TOKENS), G)`` with ``G = cdiv(H, query_heads_per_program)``.
+Program ``(i, g)`` rotates tokens ``[i*BLOCK_TOKENS, +BLOCK_TOKENS)``, query
+heads ``[g*query_heads_per_program, ...)`` and key heads
+``[g*key_heads_per_program, ...)`` with ``key_heads_per_program = cdiv(Hkv, G)``.
+
+Operands (element strides; the innermost stride is 1 everywhere):
+  positions     [T]                                  int32/int64    stride_position
+  query         [T, H, hs] or [T, H * hs]            fp32/fp16/bf16 stride_query_token, stride_query_head
+  key           [T, Hkv, hs] or [T, Hkv * hs], opt.  query dtype    stride_key_token, stride_key_head
+  cos_sin_cache [P, R]                               fp32/in dtype  stride_cos_sin_position
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from mla_fuse.kernels import config
+from mla_fuse.kernels.indexing import head_range, token_range
+from mla_fuse.kernels.rotation import load_cos_sin, rotate_in_place
+
+
+@triton.jit
+def rotary_embedding_kernel(
+    # pointers
+    positions_ptr, query_ptr, key_ptr, cos_sin_ptr,
+    # sizes
+    num_tokens, num_query_heads, num_key_heads, query_heads_per_program, key_heads_per_program,
+    # strides
+    stride_position, stride_query_token, stride_query_head, stride_key_token, stride_key_head,
+    stride_cos_sin_position,
+    # constexprs
+    HALF: tl.constexpr, IS_NEOX: tl.constexpr, HAS_KEY: tl.constexpr,
+    BLOCK_TOKENS: tl.constexpr, BLOCK_QUERY_HEADS: tl.constexpr, BLOCK_KEY_HEADS: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+):
+    # ---- program id -> tokens and heads
+    tokens, token_mask = token_range(num_tokens, BLOCK_TOKENS)
+    head_block = tl.program_id(1)
+
+    # ---- load position -> cos/sin  [BLOCK_TOKENS, 1, BLOCK_HALF], fp32
+    cos, sin = load_cos_sin(positions_ptr, cos_sin_ptr, tokens, token_mask, stride_position, stride_cos_sin_position,
+                            HALF, BLOCK_HALF)
+
+    # ---- rotate query[tokens, heads, :R] in place
+    heads, head_mask = head_range(head_block, query_heads_per_program, num_query_heads, BLOCK_QUERY_HEADS)
+    rows = query_ptr + tokens[:, None] * stride_query_token + heads[None, :] * stride_query_head
+    rotate_in_place(rows, token_mask[:, None] & head_mask[None, :], cos, sin, HALF, BLOCK_HALF, IS_NEOX)
+
+    # ---- rotate key[tokens, heads, :R] in place
+    if HAS_KEY:
+        heads, head_mask = head_range(head_block, key_heads_per_program, num_key_heads, BLOCK_KEY_HEADS)
+        rows = key_ptr + tokens[:, None] * stride_key_token + heads[None, :] * stride_key_head
+        rotate_in_place(rows, token_mask[:, None] & head_mask[None, :], cos, sin, HALF, BLOCK_HALF, IS_NEOX)
+
+
+def _token_and_head_strides(x: torch.Tensor, head_size: int) -> tuple[int, int, int]:
+    """(heads, token stride, head stride) of a ``[T, heads, hs]`` or ``[T, heads * hs]`` tensor."""
+    if x.dim() == 3:
+        return x.size(1), x.stride(0), x.stride(1)
+    return x.size(1) // head_size, x.stride(0), head_size
+
+
+def launch(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None, head_size: int,
+           cos_sin_cache: torch.Tensor, is_neox: bool) -> None:
+    """Launch on already validated arguments; strides come from the tensors as given."""
+    num_tokens = query.size(0)
+    rotary_dim = cos_sin_cache.size(1)
+    if num_tokens == 0:
+        return
+    num_query_heads, stride_query_token, stride_query_head = _token_and_head_strides(query, head_size)
+    if key is None:
+        num_key_heads, stride_key_token, stride_key_head = 0, 0, 0
+    else:
+        num_key_heads, stride_key_token, stride_key_head = _token_and_head_strides(key, head_size)
+    query_heads_per_program = config.heads_per_program(num_query_heads, rotary_dim)
+    num_head_blocks = max(config.cdiv(num_query_heads, query_heads_per_program), 1)  # key heads need a program
+    key_heads_per_program = max(config.cdiv(num_key_heads, num_head_blocks), 1)
+    block_query_heads = config.block(query_heads_per_program)
+    block_key_heads = config.block(key_heads_per_program) if key is not None else 1
+    block_tokens = config.token_block(num_tokens, (block_query_heads + block_key_heads) * rotary_dim)
+    grid = (config.cdiv(num_tokens, block_tokens), num_head_blocks)
+    rotary_embedding_kernel[grid](
+        positions, query, query if key is None else key, cos_sin_cache,
+        num_tokens, num_query_heads, num_key_heads, query_heads_per_program, key_heads_per_program,
+        positions.stride(0), stride_query_token, stride_query_head, stride_key_token, stride_key_head,
+        cos_sin_cache.stride(0),
+        HALF=rotary_dim // 2, IS_NEOX=is_neox, HAS_KEY=key is not None,
+        BLOCK_TOKENS=block_tokens, BLOCK_QUERY_HEADS=block_query_heads, BLOCK_KEY_HEADS=block_key_heads,
+        BLOCK_HALF=config.block(rotary_dim // 2),
+        num_warps=config.num_warps(block_tokens * block_query_heads * rotary_dim), **config.COMPILE_OPTIONS,
+    )

@@ -1,0 +1,229 @@
+"""The five in-place operations of CONTRACT §4 as ``torch.library`` custom ops (``mla_fuse::*``).
+
+Each operation has one custom-op definition (every written buffer in
+``mutates_args``, its fake right below: in-place ops return nothing, so the
+fake only has to exist) and one public wrapper of the same name and
+signature plus ``check_values``: the wrapper validates with
+``mla_fuse.validation.check_<op>`` (bad input raises before anything is
+written), then calls ``torch.ops.mla_fuse.<op>``. Compiled graphs call the
+``torch.ops`` entry points directly.
+
+Shared conventions (named dims: ``T`` tokens, ``H`` query heads, ``Hkv`` KV
+heads, ``D`` head size, ``R`` rotary width, ``L`` latent width, ``NB``
+blocks, ``B`` block size, ``P`` table rows):
+
+* RoPE. ``cos_sin_cache [P, R]`` (fp32 or the input dtype) holds in row
+  ``p`` the ``R/2`` cosines then the ``R/2`` sines. Pairs of a head's first
+  ``R`` elements: NeoX (``is_neox=True``) ``(x[j], x[j + R/2])``, GPT-J
+  ``(x[2j], x[2j + 1])``. With ``c, s = cos_sin_cache[positions[t], j],
+  cos_sin_cache[positions[t], R/2 + j]``: ``a' = a*c - b*s``,
+  ``b' = b*c + a*s``, computed in fp32 and rounded once (RNE) to the input
+  dtype. Elements past ``R`` pass through. Every row is rotated, padded or not.
+* Paged caches. ``slot = slot_mapping[t]`` (int32/int64, length ``<= T``);
+  ``slot < 0`` (``-1``) is padding and writes nothing, rows ``t >=
+  len(slot_mapping)`` write nothing; otherwise the entry is block
+  ``slot // B``, offset ``slot % B`` of the cache (any block/entry/head
+  strides; writes land in the parent storage of a view).
+* ``kv_cache_dtype``: ``auto``/``bfloat16``/``float16``/``float32`` store the
+  source bits; ``fp8``/``fp8_e4m3`` (E4M3, finite max 448) and ``fp8_e5m2``
+  (E5M2, finite max 57344) store ``code = fp8(clamp(float32(x) / scale))``:
+  an IEEE division, round to nearest even, saturation to the finite max
+  (inf too), NaN kept (``0x7F | sign``). fp8 caches may be ``torch.uint8``
+  or the matching ``torch.float8_*`` dtype (same code bits). Scales are fp32
+  device tensors (never synced), ignored for non-fp8 caches.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from mla_fuse import validation
+from mla_fuse.kernels import flash_cache, flash_rope_cache, mla_cache, mla_rope_cache, rotary_embedding as rope_kernel
+
+Tensor = torch.Tensor
+
+# ---------------------------------------------------------------- custom ops (one definition each)
+
+
+@torch.library.custom_op("mla_fuse::rotary_embedding", mutates_args=("query", "key"))
+def _rotary_embedding(positions: Tensor, query: Tensor, key: Optional[Tensor], head_size: int,
+                      cos_sin_cache: Tensor, is_neox: bool) -> None:
+    rope_kernel.launch(positions, query, key, head_size, cos_sin_cache, is_neox)
+
+
+@_rotary_embedding.register_fake
+def _(positions, query, key, head_size, cos_sin_cache, is_neox) -> None:
+    return None
+
+
+@torch.library.custom_op("mla_fuse::concat_and_cache_mla", mutates_args=("kv_cache",))
+def _concat_and_cache_mla(kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor, slot_mapping: Tensor, kv_cache_dtype: str,
+                          scale: Tensor) -> None:
+    mla_cache.launch(kv_c, k_pe, kv_cache, slot_mapping, validation.fp8_format(kv_cache_dtype), scale)
+
+
+@_concat_and_cache_mla.register_fake
+def _(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale) -> None:
+    return None
+
+
+@torch.library.custom_op("mla_fuse::concat_and_cache_mla_rope_fused", mutates_args=("q_pe", "k_pe", "kv_cache"))
+def _concat_and_cache_mla_rope_fused(positions: Tensor, q_pe: Tensor, k_pe: Tensor, kv_c: Tensor,
+                                     cos_sin_cache: Tensor, is_neox: bool, slot_mapping: Tensor, kv_cache: Tensor,
+                                     kv_cache_dtype: str, kv_cache_scale: Tensor) -> None:
+    mla_rope_cache.launch(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, slot_mapping, kv_cache,
+                          validation.fp8_format(kv_cache_dtype), kv_cache_scale)
+
+
+@_concat_and_cache_mla_rope_fused.register_fake
+def _(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, slot_mapping, kv_cache, kv_cache_dtype,
+      kv_cache_scale) -> None:
+    return None
+
+
+@torch.library.custom_op("mla_fuse::reshape_and_cache_flash", mutates_args=("key_cache", "value_cache"))
+def _reshape_and_cache_flash(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
+                             slot_mapping: Tensor, kv_cache_dtype: str, k_scale: Tensor, v_scale: Tensor) -> None:
+    flash_cache.launch(key, value, key_cache, value_cache, slot_mapping, validation.fp8_format(kv_cache_dtype),
+                       k_scale, v_scale)
+
+
+@_reshape_and_cache_flash.register_fake
+def _(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale) -> None:
+    return None
+
+
+@torch.library.custom_op("mla_fuse::rope_and_reshape_and_cache_flash",
+                         mutates_args=("query", "key", "key_cache", "value_cache"))
+def _rope_and_reshape_and_cache_flash(positions: Tensor, query: Tensor, key: Tensor, value: Tensor,
+                                      key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor,
+                                      cos_sin_cache: Tensor, is_neox: bool, kv_cache_dtype: str, k_scale: Tensor,
+                                      v_scale: Tensor) -> None:
+    flash_rope_cache.launch(positions, query, key, value, key_cache, value_cache, slot_mapping, cos_sin_cache,
+                            is_neox, validation.fp8_format(kv_cache_dtype), k_scale, v_scale)
+
+
+@_rope_and_reshape_and_cache_flash.register_fake
+def _(positions, query, key, value, key_cache, value_cache, slot_mapping, cos_sin_cache, is_neox, kv_cache_dtype,
+      k_scale, v_scale) -> None:
+    return None
+
+
+# ---------------------------------------------------------------- public wrappers (validate, then dispatch)
+
+
+def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox, *,
+                     check_values: bool | None = None) -> None:
+    """RoPE of ``query`` and ``key`` in place.
+
+    ``positions [T]`` int32/int64; ``query [T, H, head_size]`` or ``[T, H * head_size]``
+    and ``key`` likewise with ``Hkv`` heads, or ``None`` (query only), fp32/fp16/bf16
+    with innermost stride 1 (token and head strides free); ``cos_sin_cache [P, R]``,
+    ``R <= head_size`` even. For every head, pair ``(a, b)`` (NeoX ``(j, j + R/2)``,
+    GPT-J ``(2j, 2j + 1)``) becomes ``(a*c - b*s, b*c + a*s)`` with ``c | s`` the two
+    halves of row ``positions[t]``: fp32 math, one rounding. Elements ``R..head_size``
+    are untouched. Mutates ``query`` and ``key``.
+    """
+    validation.check_rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox,
+                                      check_values=check_values)
+    torch.ops.mla_fuse.rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
+
+
+def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale, *,
+                         check_values: bool | None = None) -> None:
+    """Write MLA cache entries ``[kv_c | k_pe]`` (no RoPE).
+
+    ``kv_c [T, L]``, ``k_pe [T, R]`` (same float dtype; often column slices of one
+    ``[T, L + R]`` projection); ``kv_cache [NB, B, L + R]`` (the source dtype, or
+    uint8/float8 for fp8); ``slot_mapping [T' <= T]``; ``scale [1]`` fp32. For
+    ``t < T'`` with ``slot = slot_mapping[t] >= 0``:
+    ``kv_cache[slot // B, slot % B] = [stored(kv_c[t]) | stored(k_pe[t])]`` where
+    ``stored(x)`` is the bits of ``x`` or ``fp8(clamp(float32(x) / scale))``;
+    ``slot = -1`` writes nothing. Mutates ``kv_cache``.
+    """
+    validation.check_concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale,
+                                          check_values=check_values)
+    torch.ops.mla_fuse.concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale)
+
+
+def concat_and_cache_mla_rope_fused(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, slot_mapping, kv_cache,
+                                    kv_cache_dtype, kv_cache_scale, *, check_values: bool | None = None) -> None:
+    """RoPE of ``q_pe`` and ``k_pe`` in place and the MLA cache write, in one pass.
+
+    ``positions [T]``; ``q_pe [T, H, R]`` (often ``q[..., nope:]`` of ``q [T, H, nope + R]``);
+    ``k_pe [T, R]``, ``kv_c [T, L]`` (often column slices of one ``[T, L + R]``);
+    ``cos_sin_cache [P, R]`` (cos | sin halves); ``kv_cache [NB, B, L + R]``;
+    ``slot_mapping [T' <= T]``; ``kv_cache_scale [1]`` fp32. Every row of ``q_pe``
+    and ``k_pe`` is rotated (NeoX ``(j, j + R/2)`` or GPT-J ``(2j, 2j + 1)`` pairs,
+    ``(a*c - b*s, b*c + a*s)``, fp32 math, one rounding); for ``t < T'`` with
+    ``slot >= 0``: ``kv_cache[slot // B, slot % B] = [stored(kv_c[t]) | stored(k_pe'[t])]``
+    with ``k_pe'`` the rotated bits written back and ``stored(x)`` the bits or
+    ``fp8(clamp(float32(x) / scale))``; ``slot = -1`` writes nothing.
+    Mutates ``q_pe``, ``k_pe`` and ``kv_cache``.
+    """
+    validation.check_concat_and_cache_mla_rope_fused(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox,
+                                                     slot_mapping, kv_cache, kv_cache_dtype, kv_cache_scale,
+                                                     check_values=check_values)
+    torch.ops.mla_fuse.concat_and_cache_mla_rope_fused(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox,
+                                                       slot_mapping, kv_cache, kv_cache_dtype, kv_cache_scale)
+
+
+def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale, *,
+                            check_values: bool | None = None) -> None:
+    """Write MHA key/value heads into flash-layout paged caches (no RoPE).
+
+    ``key [T, Hkv, D]``, ``value [T, Hkv, Dv]``; ``key_cache [NB, B, Hkv, D]``,
+    ``value_cache [NB, B, Hkv, Dv]`` (any stride order, innermost stride 1);
+    ``slot_mapping [T' <= T]``; ``k_scale``, ``v_scale`` fp32 ``[1]`` or ``[Hkv]``.
+    For ``t < T'`` with ``slot >= 0`` and every head ``h``:
+    ``key_cache[slot // B, slot % B, h] = stored(key[t, h], k_scale[h])`` and likewise
+    for values, ``stored(x, scale)`` being the bits or ``fp8(clamp(float32(x) / scale))``;
+    ``slot = -1`` writes nothing. Mutates ``key_cache`` and ``value_cache``.
+    """
+    validation.check_reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+                                             k_scale, v_scale, check_values=check_values)
+    torch.ops.mla_fuse.reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+                                               k_scale, v_scale)
+
+
+def rope_and_reshape_and_cache_flash(positions, query, key, value, key_cache, value_cache, slot_mapping,
+                                     cos_sin_cache, is_neox, kv_cache_dtype, k_scale, v_scale, *,
+                                     check_values: bool | None = None) -> None:
+    """RoPE of ``query`` and ``key`` in place and the flash cache write of the rotated key, in one pass.
+
+    ``positions [T]``; ``query [T, H, D]``, ``key [T, Hkv, D]`` (``Hkv`` divides ``H``),
+    ``value [T, Hkv, Dv]``; ``cos_sin_cache [P, R]``, ``R <= D`` (cos | sin halves);
+    caches, ``slot_mapping`` and scales as in ``reshape_and_cache_flash``. Every row's
+    first ``R`` elements of each head rotate (NeoX ``(j, j + R/2)`` or GPT-J
+    ``(2j, 2j + 1)`` pairs, ``(a*c - b*s, b*c + a*s)``, fp32 math, one rounding), the
+    rest pass through; for ``t < T'`` with ``slot >= 0`` the caches receive
+    ``stored(key'[t, h], k_scale[h])`` (``key'`` = the rotated bits written back) and
+    ``stored(value[t, h], v_scale[h])``; ``slot = -1`` writes nothing.
+    Mutates ``query``, ``key``, ``key_cache`` and ``value_cache``.
+    """
+    validation.check_rope_and_reshape_and_cache_flash(positions, query, key, value, key_cache, value_cache,
+                                                      slot_mapping, cos_sin_cache, is_neox, kv_cache_dtype,
+                                                      k_scale, v_scale, check_values=check_values)
+    torch.ops.mla_fuse.rope_and_reshape_and_cache_flash(positions, query, key, value, key_cache, value_cache,
+                                                        slot_mapping, cos_sin_cache, is_neox, kv_cache_dtype,
+                                                        k_scale, v_scale)
+
+
+# ---------------------------------------------------------------- the implementation object
+
+
+class TritonImplementation:
+    """The Triton kernels as an implementation of the contract (registered as ``triton``)."""
+
+    name = "triton"
+    rounding = "single"
+    padded_rows = "rotated"
+    checks_inputs = True
+
+    rotary_embedding = staticmethod(rotary_embedding)
+    concat_and_cache_mla = staticmethod(concat_and_cache_mla)
+    concat_and_cache_mla_rope_fused = staticmethod(concat_and_cache_mla_rope_fused)
+    reshape_and_cache_flash = staticmethod(reshape_and_cache_flash)
+    rope_and_reshape_and_cache_flash = staticmethod(rope_and_reshape_and_cache_flash)
