@@ -1,0 +1,69 @@
+"""The pass manager: the one place that decides which passes run, and in what order.
+
+Installed as Inductor's ``post_grad_custom_post_pass`` (or run by the light
+backend on the same post-grad graph). Order:
+
+1. ``SplitCoalescingPass``          (O1+) one split per (tensor, sizes, dim)
+2. ``ScatterSplitReplacementPass``  (O1+) rope outputs feed their users directly
+3. ``MLARopeKVCacheFusionPass``     (O2+, flag) MLA rope + cache update -> fused op
+4. ``RopeKVCacheFusionPass``        (O2+, flag) MHA rope + cache update -> fused op
+5. topological sort, then ``DefunctionalizationPass`` (whenever a fusion may run)
+
+``uuid()`` hashes this file, the config and every pass's own uuid, so a changed
+pass or setting never reuses a cached compiled graph.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import fx
+from torch._inductor.custom_graph_pass import CustomGraphPass
+from torch._inductor.pattern_matcher import stable_topological_sort
+
+from mla_fuse.passes.config import FusionConfig
+from mla_fuse.passes.defunctionalize import DefunctionalizationPass
+from mla_fuse.passes.inductor_pass import MlaFusePass, hash_source, logger
+from mla_fuse.passes.mla_rope_kvcache_fusion import MLARopeKVCacheFusionPass
+from mla_fuse.passes.rope_kvcache_fusion import RopeKVCacheFusionPass
+from mla_fuse.passes.scatter_split_replace import ScatterSplitReplacementPass
+from mla_fuse.passes.split_coalescing import SplitCoalescingPass
+
+
+class PostGradPassManager(CustomGraphPass):
+    def __init__(self, config: FusionConfig | None = None) -> None:
+        self.config = config or FusionConfig()
+        self.passes: list[MlaFusePass] = []
+        if self.config.utility_passes:
+            self.passes += [SplitCoalescingPass(), ScatterSplitReplacementPass()]
+        if self.config.mla_rope_kvcache_enabled:
+            self.passes.append(MLARopeKVCacheFusionPass(self.config))
+        if self.config.rope_kvcache_enabled:
+            self.passes.append(RopeKVCacheFusionPass(self.config))
+        self.defunctionalization = DefunctionalizationPass()
+        self.graphs_seen = 0
+
+    def __call__(self, graph: fx.Graph) -> None:
+        self.graphs_seen += 1
+        for graph_pass in self.passes:
+            graph_pass(graph)
+        if any(isinstance(p, (MLARopeKVCacheFusionPass, RopeKVCacheFusionPass)) for p in self.passes):
+            stable_topological_sort(graph)
+            self.defunctionalization(graph)
+        graph.eliminate_dead_code()
+        graph.lint()
+        logger.info("mla_fuse passes: %s", self.last_match_counts())
+
+    def last_match_counts(self) -> dict[str, int]:
+        """Rewrites per pass in the last graph."""
+        return {p.name: p.matched_count for p in self._all()}
+
+    def match_counts(self) -> dict[str, int]:
+        """Rewrites per pass over every graph this manager has seen."""
+        return {p.name: p.total_matched for p in self._all()}
+
+    def _all(self) -> list[MlaFusePass]:
+        return [*self.passes, self.defunctionalization]
+
+    def uuid(self) -> str:
+        return hash_source(__import__(__name__, fromlist=["_"]), repr(self.config),
+                           *(p.uuid() for p in self._all()), torch.__version__)
