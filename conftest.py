@@ -2,7 +2,11 @@
 
 import pytest
 
+import property_tests.profiles  # noqa: F401  (registers the hypothesis profiles for any selection of tests)
 from mla_fuse.implementation import IMPL_ENV_VAR, load_implementation, resolve_spec
+
+# The mutation self-test's end-of-session table, also when tests/test_mutants.py runs alone.
+pytest_plugins = ("property_tests.plugin",)
 
 
 def pytest_addoption(parser):

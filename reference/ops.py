@@ -13,8 +13,8 @@ from reference.rope import rope
 
 
 def _as_heads(x: torch.Tensor, head_size: int) -> torch.Tensor:
-    """``[T, heads, hs]`` view of a ``[T, heads, hs]`` or ``[T, heads * hs]`` tensor."""
-    return x.reshape(x.size(0), -1, head_size)
+    """``[T, heads, hs]`` view of a ``[T, heads, hs]`` or ``[T, heads * hs]`` tensor (T may be 0)."""
+    return x if x.dim() == 3 else x.reshape(x.size(0), x.size(1) // head_size, head_size)
 
 
 def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox):

@@ -113,5 +113,8 @@ def rope_exact(positions: torch.Tensor, x: torch.Tensor, cos_sin_cache: torch.Te
 
 
 def rope(positions: torch.Tensor, x: torch.Tensor, cos_sin_cache: torch.Tensor, is_neox: bool) -> torch.Tensor:
-    """``rope_exact`` rounded once to ``x.dtype``."""
-    return round_once(rope_exact(positions, x, cos_sin_cache, is_neox), x.dtype)
+    """``rope_exact`` rounded once to ``x.dtype``; the tail past ``R`` is the input, bit for bit."""
+    rotary_dim = cos_sin_cache.size(1)
+    out = x.clone()  # the tail keeps its bits (NaN payloads included): it is never converted
+    out[..., :rotary_dim] = round_once(rope_exact(positions, x[..., :rotary_dim], cos_sin_cache, is_neox), x.dtype)
+    return out

@@ -1,0 +1,322 @@
+"""Declaring properties, and the three ways a property checks an implementation.
+
+``@prop(operations, cases=strategy)`` turns a body ``(impl, device, case)`` into a
+hypothesis test and registers it in ``PROPERTIES``, so the same body runs under pytest,
+from a saved failure (``repro.py``) and against every mutant (``tests/test_mutants.py``).
+The wrapper skips implementations that lack an operation, notes the case, records
+events for ``--hypothesis-show-statistics``, and keeps the last failing case.
+
+The checks:
+
+* ``against_reference``: run one operation and compare the whole memory image with
+  ``oracle.expect`` under CONTRACT §5.
+* ``fused_equals_unfused``: the fused operation and the same implementation's
+  ``rotary_embedding`` + cache write leave bitwise equal caches.
+* ``rejects_bad_input``: a corrupted call raises ValueError/TypeError naming the
+  argument, and no byte of any buffer changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import re
+from typing import Callable
+
+import pytest
+import torch
+from hypothesis import assume, example, given, settings
+from hypothesis import event as hypothesis_event
+from hypothesis import note as hypothesis_note
+from hypothesis import target as hypothesis_target
+from hypothesis.errors import InvalidArgument
+
+from property_tests import build as builder
+from property_tests import comparisons, corruptions, oracle, strategies
+from property_tests.cases import BadInputCase, FlashCase, MlaCase, RopeCase
+from property_tests.recording import RECORDER
+
+CHECK_VALUES_ENV_VAR = "MLA_FUSE_CHECK_VALUES"
+
+SIGNATURES = {
+    "rotary_embedding": ("positions", "query", "key", "head_size", "cos_sin_cache", "is_neox"),
+    "concat_and_cache_mla": ("kv_c", "k_pe", "kv_cache", "slot_mapping", "kv_cache_dtype", "scale"),
+    "concat_and_cache_mla_rope_fused": ("positions", "q_pe", "k_pe", "kv_c", "cos_sin_cache", "is_neox",
+                                        "slot_mapping", "kv_cache", "kv_cache_dtype", "scale"),
+    "reshape_and_cache_flash": ("key", "value", "key_cache", "value_cache", "slot_mapping", "kv_cache_dtype",
+                                "k_scale", "v_scale"),
+    "rope_and_reshape_and_cache_flash": ("positions", "query", "key", "value", "key_cache", "value_cache",
+                                         "slot_mapping", "cos_sin_cache", "is_neox", "kv_cache_dtype", "k_scale",
+                                         "v_scale"),
+}
+
+
+# ---------------------------------------------------------------- hypothesis calls that also work in a replay
+
+
+def note(text: str) -> None:
+    with contextlib.suppress(InvalidArgument):
+        hypothesis_note(text)
+
+
+def event(text: str) -> None:
+    with contextlib.suppress(InvalidArgument):
+        hypothesis_event(text)
+
+
+def target(value: float, label: str) -> None:
+    with contextlib.suppress(InvalidArgument):
+        hypothesis_target(value, label=label)
+
+
+# ---------------------------------------------------------------- registry
+
+
+class NotProvided(Exception):
+    """The implementation lacks an operation (or a declaration) the property needs."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Property:
+    name: str  # "module:function", stable across runs
+    operations: tuple[str, ...]
+    strategies: tuple  # what the pytest test draws from (one per parametrized variant)
+    body: Callable
+    examples: tuple = ()
+    needs_input_checks: bool = False
+    examples_per_variant: int | None = None  # None: the profile's max_examples
+
+    def run(self, impl, device, case):
+        """One example, outside or inside hypothesis: skip, note, events, record a failure."""
+        missing = [op for op in self.operations if not impl.provides(op)]
+        if missing:
+            raise NotProvided(f"{impl.name} does not provide {', '.join(missing)}")
+        if self.needs_input_checks and not impl.checks_inputs:
+            raise NotProvided(f"{impl.name} declares checks_inputs=False: the bad-input rule does not apply")
+        stats = RECORDER.stats_for(self, impl, getattr(case, "corruption", None))
+        stats.examples += 1
+        note(f"case = {case!r}")
+        for text in describe(case):
+            event(text)
+        try:
+            outcome = self.body(impl, device, case)
+        except corruptions.NotApplicable:
+            stats.examples -= 1
+            assume(False)
+            raise
+        except Exception as error:
+            stats.failed_examples += 1
+            RECORDER.failed(self, impl, device, case, error)
+            raise
+        return outcome
+
+
+PROPERTIES: dict[str, Property] = {}
+
+
+def _run_or_skip(registered: Property, impl, device, case) -> None:
+    try:
+        registered.run(impl, device, case)
+    except NotProvided as reason:
+        pytest.skip(str(reason))
+
+
+def _named_like(test, body):
+    test.__name__, test.__qualname__, test.__doc__ = body.__name__, body.__qualname__, body.__doc__
+    test.__module__ = body.__module__
+    return test
+
+
+def prop(*operations: str, cases, examples=()):
+    """Decorate a body ``(impl, device, case)`` into a hypothesis test over ``cases``; each of
+    ``examples`` (found bugs) runs first, every time."""
+
+    def decorate(body):
+        registered = Property(f"{body.__module__}:{body.__name__}", operations, (cases,), body, tuple(examples))
+        PROPERTIES[registered.name] = registered
+
+        def test(impl, device, case):
+            _run_or_skip(registered, impl, device, case)
+
+        test = given(case=cases)(_named_like(test, body))
+        for case in reversed(registered.examples):
+            test = example(case=case)(test)
+        return test
+
+    return decorate
+
+
+def bad_input_prop(operation: str, examples_per_corruption: int):
+    """The bad-input property of ``operation``: one pytest parameter per corruption, so every
+    corruption runs in every profile, each with ``examples_per_corruption`` drawn base cases
+    (more under profiles with more examples: 1/25 of their ``max_examples``)."""
+    names = sorted(corruptions.CORRUPTIONS[operation])
+
+    def decorate(body):
+        variants = tuple(strategies.bad_input_cases(operation, name) for name in names)
+        registered = Property(f"{body.__module__}:{body.__name__}", (operation,), variants, body,
+                              needs_input_checks=True, examples_per_variant=examples_per_corruption)
+        PROPERTIES[registered.name] = registered
+
+        def test(impl, device, corruption, base):
+            _run_or_skip(registered, impl, device, BadInputCase(operation, corruption, base))
+
+        test = given(base=strategies.BASE_CASES[operation]())(_named_like(test, body))
+        # settings.default is the selected profile by now (profiles load before collection)
+        examples = max(examples_per_corruption, settings.default.max_examples // 25)
+        test = settings(max_examples=examples)(test)
+        return pytest.mark.parametrize("corruption", names)(test)
+
+    return decorate
+
+
+# ---------------------------------------------------------------- events (--hypothesis-show-statistics)
+
+
+def describe(case) -> list[str]:
+    """The kinds of case this example is, for hypothesis' statistics."""
+    if isinstance(case, BadInputCase):
+        return [f"bad input: {case.operation}: {case.corruption}"]
+    tokens = "0" if case.tokens == 0 else "1" if case.tokens == 1 else "2-16" if case.tokens <= 16 else ">16"
+    found = [f"tokens: {tokens}", f"dtype: {case.dtype}"]
+    table = case.table
+    found.append(f"table: {table.style}, {table.dtype}" + (", > 4096 rows" if table.num_positions > 4096 else ""))
+    found.append(f"positions: {case.positions.pattern}, {case.positions.dtype}"
+                 + (", strided" if case.positions.stride > 1 else ""))
+    if isinstance(case, RopeCase):
+        found.append("partial rotary (R < D)" if table.rotary_dim < case.head_size else "full rotary (R == D)")
+        found.append("no key" if not case.kv_heads else f"query rank {case.rank}")
+        if case.qkv_packed or not case.query_place.is_plain() or not case.key_place.is_plain():
+            found.append("strided inputs (packed or padded views)")
+        return found
+    slots = case.slots
+    found.append(f"padding: {slots.padding}")
+    if slots.length < case.tokens:
+        found.append("slot_mapping shorter than T")
+    found.append(f"kv_cache_dtype: {case.kv_cache_dtype}" + (f" in {case.cache_storage}" if
+                                                             case.cache_storage != "source" else ""))
+    if not case.cache_place.is_plain():
+        found.append("cache is a view into a larger pool")
+    if case.values.nan_count:
+        found.append("NaN inputs")
+    if case.values.midpoint_fraction and case.kv_cache_dtype.startswith("fp8"):
+        found.append("values on fp8 rounding midpoints")
+    if isinstance(case, MlaCase):
+        if case.kv_packed or not case.kv_place.is_plain() or not case.q_place.is_plain():
+            found.append("strided inputs (packed or padded views)")
+        if case.scale.log2 != 0 or case.scale.mantissa != 1:
+            found.append("non-unit scale")
+        return found
+    assert isinstance(case, FlashCase)
+    found.append("partial rotary (R < D)" if table.rotary_dim < case.head_size else "full rotary (R == D)")
+    found.append({(0, 1, 2): "cache NHD", (0, 2, 1): "cache HND"}.get(tuple(case.cache_order),
+                                                                     "cache in another dim order"))
+    if case.shared_pool:
+        found.append("key and value caches share one pool")
+    if case.qkv_packed or not all(p.is_plain() for p in (case.query_place, case.key_place, case.value_place)):
+        found.append("strided inputs (packed or padded views)")
+    if case.k_scale.per_head or case.v_scale.per_head:
+        found.append("per-head scales")
+    if case.k_scale != case.v_scale:
+        found.append("k_scale != v_scale")
+    return found
+
+
+# ---------------------------------------------------------------- running operations
+
+
+@contextlib.contextmanager
+def value_checks(enabled: bool):
+    """``MLA_FUSE_CHECK_VALUES=1`` around a call when ``enabled`` (the protocol-level switch)."""
+    if not enabled:
+        yield
+        return
+    previous = os.environ.get(CHECK_VALUES_ENV_VAR)
+    os.environ[CHECK_VALUES_ENV_VAR] = "1"
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ[CHECK_VALUES_ENV_VAR]
+        else:
+            os.environ[CHECK_VALUES_ENV_VAR] = previous
+
+
+def call(impl, operation: str, args: dict, check_values: bool = False) -> None:
+    with value_checks(check_values):
+        impl.op(operation)(*(args[name] for name in SIGNATURES[operation]))
+
+
+def _count_padding(case) -> None:
+    stats = RECORDER.stats
+    slots = getattr(case, "slots", None)
+    if stats is not None and slots is not None and (slots.padding != "none" or slots.length < case.tokens):
+        stats.padded_slot_cases += 1
+
+
+def against_reference(impl, device, case, operation: str) -> comparisons.Outcome:
+    """Run ``operation`` once; the whole memory image must match the reference under §5."""
+    built = builder.build(case, device)
+    expectation = oracle.expect(operation, built, impl)
+    saturated = oracle.saturated_fraction(expectation)
+    target(saturated, "fraction of fp8 codes saturated")
+    if saturated:
+        event("fp8 saturation")
+        RECORDER.stats.saturation_cases += 1
+    _count_padding(case)
+    call(impl, operation, built.args, getattr(case, "check_values", False))
+    outcome = comparisons.compare(built.buffers, {n: b.flat for n, b in built.buffers.items()}, expectation)
+    RECORDER.observe(outcome)  # failing examples count too
+    target(outcome.worst_rope_bound_fraction, "worst rotated-value error / bound")
+    return comparisons.raise_failures(outcome)
+
+
+UNFUSED_CHAINS = {  # fused op -> (cache op, query, key, caches)
+    "concat_and_cache_mla_rope_fused": ("concat_and_cache_mla", "q_pe", "k_pe", ("kv_cache",)),
+    "rope_and_reshape_and_cache_flash": ("reshape_and_cache_flash", "query", "key", ("key_cache", "value_cache")),
+}
+
+
+def fused_equals_unfused(impl, device, case, fused: str) -> None:
+    """Fused op vs the same implementation's rotary_embedding + cache write: caches bitwise equal."""
+    cache_op, query, key, cache_args = UNFUSED_CHAINS[fused]
+    fused_run, chain_run = builder.build(case, device), builder.build(case, device)
+    _count_padding(case)
+    call(impl, fused, fused_run.args, case.check_values)
+    args = chain_run.args
+    head_size = args[key].size(-1)
+    call(impl, "rotary_embedding", dict(args, query=args[query], key=args[key], head_size=head_size))
+    call(impl, cache_op, args, case.check_values)
+    caches = {name: fused_run.buffers[name].flat for name in {fused_run.view_buffer[arg] for arg in cache_args}}
+    comparisons.assert_buffers_equal(
+        chain_run.buffers, caches, {name: chain_run.buffers[name].flat for name in caches},
+        f"{fused} and the same implementation's rotary_embedding + {cache_op} wrote different caches "
+        "(got: fused; expected: unfused chain)")
+
+
+def rejects_bad_input(impl, device, case: BadInputCase) -> None:
+    """The corrupted call raises ValueError/TypeError naming the argument and changes nothing."""
+    built = builder.build(case.base, device)
+    corrupted = corruptions.corrupt(case.operation, case.corruption, built)
+    before = built.snapshot()
+    extra = {name: value.clone() for name, value in corrupted.args.items()
+             if isinstance(value, torch.Tensor) and value is not built.args.get(name) and value.device.type != "meta"}
+    try:
+        call(impl, case.operation, corrupted.args, corrupted.check_values)
+    except (ValueError, TypeError) as error:
+        message = str(error)
+        named = [name for name in corrupted.names if re.search(rf"\b{re.escape(name)}\b", message)]
+        assert named, (f"{case.operation} rejected '{case.corruption}' but the message names none of "
+                       f"{corrupted.names}: {message!r}")
+    except Exception as error:  # noqa: BLE001 - any other failure is the finding
+        raise AssertionError(f"{case.operation} with '{case.corruption}' raised {type(error).__name__} "
+                             f"instead of ValueError/TypeError naming {corrupted.names}: {error}") from error
+    else:
+        raise AssertionError(f"{case.operation} accepted bad input '{case.corruption}' "
+                             f"(expected ValueError/TypeError naming one of {corrupted.names})")
+    comparisons.assert_buffers_equal(built.buffers, {n: b.flat for n, b in built.buffers.items()}, before,
+                                     f"{case.operation} wrote before rejecting '{case.corruption}'")
+    for name, clone in extra.items():
+        assert torch.equal(comparisons.memory.bits(corrupted.args[name]).cpu(), comparisons.memory.bits(clone).cpu()), \
+            f"{case.operation} wrote to argument '{name}' before rejecting '{case.corruption}'"

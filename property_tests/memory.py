@@ -1,0 +1,124 @@
+"""Allocations filled with sentinel bits, and the strided views the operations receive.
+
+Every tensor an operation sees is a view into a ``Buffer``: a flat allocation whose
+bytes start as a seeded random pattern (the sentinel: never zeros, so a stray zero
+write shows). After the operation the whole buffer is compared, so writes outside
+the view, into the wrong view, or into a copy are all visible.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import zlib
+
+import torch
+
+INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def generator(seed: int, purpose: str) -> torch.Generator:
+    """A CPU generator for one named purpose of a case: tensors do not shift when others change size."""
+    return torch.Generator().manual_seed((seed * 0x9E3779B1 + zlib.crc32(purpose.encode())) % (2 ** 63))
+
+
+def bits(tensor: torch.Tensor) -> torch.Tensor:
+    """The raw bits of ``tensor`` as a same-sized integer dtype (for bitwise comparisons)."""
+    return tensor.view(INT_OF_SIZE[tensor.element_size()])
+
+
+def row_major_strides(shape, order=()) -> tuple[int, ...]:
+    """Strides of a dense tensor of ``shape`` whose dims are laid out ``order`` (outermost first)."""
+    order = tuple(order) or tuple(range(len(shape)))
+    strides = [0] * len(shape)
+    running = 1
+    for dim in reversed(order):
+        strides[dim] = running
+        running *= max(shape[dim], 1)
+    return tuple(strides)
+
+
+@dataclasses.dataclass(frozen=True)
+class View:
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+
+
+class Buffer:
+    """One flat allocation of ``dtype`` on ``device`` holding named views."""
+
+    def __init__(self, name: str, numel: int, dtype: torch.dtype, device, seed: int, fill=None):
+        self.name = name
+        self.dtype = dtype
+        self.views: dict[str, View] = {}
+        numel = max(numel, 1)
+        if fill is None:
+            nbytes = numel * torch.empty((), dtype=dtype).element_size()
+            raw = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=generator(seed, "sentinel:" + name))
+            raw[0] |= 1  # never all zero
+            flat = raw.view(dtype)
+        else:
+            flat = torch.full((numel,), fill, dtype=dtype)
+        self.flat = flat.to(device)
+
+    def add_view(self, view_name: str, size, stride, offset: int) -> torch.Tensor:
+        size, stride = tuple(int(s) for s in size), tuple(int(s) for s in stride)
+        if all(size):  # an empty view touches no element
+            last = offset + sum((s - 1) * st for s, st in zip(size, stride))
+            assert 0 <= offset and last < self.flat.numel(), f"view {view_name} does not fit in buffer {self.name}"
+        self.views[view_name] = View(size, stride, offset)
+        return self.view(view_name)
+
+    def view(self, view_name: str, flat: torch.Tensor | None = None) -> torch.Tensor:
+        """The named view over this buffer's storage (or over ``flat``, a copy of it)."""
+        geometry = self.views[view_name]
+        base = self.flat if flat is None else flat
+        return torch.as_strided(base, geometry.size, geometry.stride, base.storage_offset() + geometry.offset)
+
+    def index_map(self, view_name: str) -> torch.Tensor:
+        """For each element of the view, its index in the flat buffer (CPU int64)."""
+        return self.view(view_name, torch.arange(self.flat.numel()))
+
+    def locate(self, flat_index: int) -> str:
+        """Which view element a flat index is, for messages."""
+        for view_name in self.views:
+            hits = (self.index_map(view_name) == flat_index).nonzero()
+            if hits.numel():
+                return f"{view_name}[{', '.join(str(int(i)) for i in hits[0])}]"
+        return f"{self.name} storage element {flat_index} (outside every view: sentinel memory)"
+
+
+def placed(name: str, shape, placement, dtype: torch.dtype, device, seed: int,
+           fill=None) -> tuple[Buffer, torch.Tensor]:
+    """A buffer holding one view of ``shape`` placed as ``placement`` (cases.Placement)."""
+    rank = len(shape)
+    pad = tuple(placement.pad) + (0,) * (rank - len(placement.pad))
+    offset = tuple(placement.offset) + (0,) * (rank - len(placement.offset))
+    parent_shape = [shape[d] + pad[d] for d in range(rank)]
+    order = tuple(placement.order) if len(placement.order) == rank else tuple(range(rank))
+    strides = row_major_strides(parent_shape, order)
+    numel = placement.lead + math.prod(max(extent, 1) for extent in parent_shape) + placement.trail
+    buffer = Buffer(name, numel, dtype, device, seed, fill)
+    start = placement.lead + sum(o * s for o, s in zip(offset, strides))
+    return buffer, buffer.add_view(name, shape, strides, start)
+
+
+def packed(name: str, rows: int, members: dict[str, tuple[int, ...]], placement, dtype, device, seed: int):
+    """One ``[rows, columns]`` buffer whose column slices are the members (a fused projection
+    output split into q/k/v or kv_c/k_pe). ``members`` maps a view name to its shape past the
+    token dim; the views sit side by side after ``placement.offset[1]`` columns."""
+    pad = tuple(placement.pad) + (0, 0)
+    offset = tuple(placement.offset) + (0, 0)
+    widths = {member: math.prod(tail) for member, tail in members.items()}
+    columns = offset[1] + sum(widths.values()) + max(pad[1] - offset[1], 0)
+    row_stride = max(columns, 1)
+    numel = placement.lead + max(rows + pad[0], 1) * row_stride + placement.trail
+    buffer = Buffer(name, numel, dtype, device, seed)
+    column = offset[1]
+    views = {}
+    for member, tail in members.items():
+        start = placement.lead + offset[0] * row_stride + column
+        views[member] = buffer.add_view(member, (rows, *tail), (row_stride, *row_major_strides(tail)), start)
+        column += widths[member]
+    return buffer, views

@@ -1,0 +1,127 @@
+"""Mutation self-test of the property suite (issue 4).
+
+Every mutant of ``mla_fuse.mutants`` carries one bug from ``shared/BUGS.md``; the
+properties of ``property_tests/`` must catch each of them within the ``ci`` profile
+(derandomized, the same examples as CI), and must pass ``mutant:none``, the bug-free
+base. A mutant counts as caught only when a property *asserts* (AssertionError): a
+mutant that crashes is a broken mutant, not a caught one.
+
+Each mutant runs the properties in ``ORDER`` until one fails, without shrinking; the
+time and the number of examples to the first failure go to
+``.mla_fuse_reports/mutants.jsonl`` (or ``$MLA_FUSE_REPORT_DIR``), and the property
+suite's conftest prints them as a table at the end of the session.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from hypothesis import Verbosity, example, given, settings
+
+import property_tests.test_flash  # noqa: F401  (registers the properties)
+import property_tests.test_mla  # noqa: F401
+import property_tests.test_rotary_embedding  # noqa: F401
+from mla_fuse.implementation import load_implementation
+from mla_fuse.mutants import APPROXIMATED, BUG_CLASSES, HONEST, MUTANTS
+from property_tests import profiles, recording
+from property_tests.devices import select_device
+from property_tests.harness import PROPERTIES, NotProvided
+
+# cheapest and broadest first: the fused properties see rope and cache at once
+ORDER = [
+    "property_tests.test_mla:test_fused_mla_matches_reference",
+    "property_tests.test_flash:test_fused_flash_matches_reference",
+    "property_tests.test_rotary_embedding:test_rotary_embedding_matches_reference",
+    "property_tests.test_mla:test_mla_cache_write_matches_reference",
+    "property_tests.test_flash:test_flash_cache_write_matches_reference",
+    "property_tests.test_mla:test_fused_mla_equals_unfused_chain",
+    "property_tests.test_flash:test_fused_flash_equals_unfused_chain",
+    "property_tests.test_rotary_embedding:test_rotary_embedding_rejects_bad_input",
+    "property_tests.test_mla:test_mla_cache_write_rejects_bad_input",
+    "property_tests.test_mla:test_fused_mla_rejects_bad_input",
+    "property_tests.test_flash:test_flash_cache_write_rejects_bad_input",
+    "property_tests.test_flash:test_fused_flash_rejects_bad_input",
+]
+
+
+def test_order_lists_every_property():
+    assert sorted(ORDER) == sorted(PROPERTIES)
+
+
+def hunt(prop, impl, device, strategy, max_examples: int, explicit=()):
+    """Run one property variant like the ci profile does, stopping at the first failure.
+    Returns ``(error or None, examples run)``; NotProvided propagates."""
+    examples = 0
+
+    @settings(profiles.ci_settings(max_examples=max_examples, phases=profiles.NO_SHRINK_PHASES,
+                                   report_multiple_bugs=False, verbosity=Verbosity.quiet))
+    @given(case=strategy)
+    def run(case):
+        nonlocal examples
+        examples += 1
+        prop.run(impl, device, case)
+
+    for case in explicit:  # the property's found bugs and edge cases run first, as under pytest
+        run = example(case=case)(run)
+    try:
+        run()
+    except NotProvided:
+        raise
+    except AssertionError as error:
+        return error, examples
+    return None, examples
+
+
+def run_properties(impl, device, stop_at_first: bool):
+    """-> (caught: list of (property, error, examples)), examples run in all."""
+    caught, total = [], 0
+    for name in ORDER:
+        prop = PROPERTIES[name]
+        for strategy in prop.strategies:
+            max_examples = prop.examples_per_variant or profiles.CI_MAX_EXAMPLES
+            try:
+                error, examples = hunt(prop, impl, device, strategy, max_examples, prop.examples)
+            except NotProvided:
+                break
+            total += examples
+            if error is not None:
+                caught.append((name, error, total))
+                if stop_at_first:
+                    return caught, total
+                break
+    return caught, total
+
+
+@pytest.mark.parametrize("mutant", sorted(set(MUTANTS) - HONEST))
+def test_mutant_is_caught(mutant):
+    impl = load_implementation(f"mutant:{mutant}")
+    start = time.perf_counter()
+    try:
+        caught, examples = run_properties(impl, select_device(), stop_at_first=True)
+    except Exception as error:  # a crash is a broken mutant, not a catch
+        recording.append_mutant_result(dict(mutant=mutant, result="crashed", seconds=time.perf_counter() - start,
+                                            examples=0, property=None, message=repr(error), time=time.time()))
+        raise
+    seconds = time.perf_counter() - start
+    name, error, _ = caught[0] if caught else (None, None, None)
+    recording.append_mutant_result(dict(
+        mutant=mutant, result="caught" if caught else "MISSED", seconds=seconds, examples=examples,
+        property=name and name.rpartition(":")[2], bug_class=BUG_CLASSES[mutant][0],
+        approximated=mutant in APPROXIMATED, message=str(error).splitlines()[:2] if error else None,
+        time=time.time()))
+    assert caught, f"no property caught mutant:{mutant} ({BUG_CLASSES[mutant][1]}) in {examples} examples"
+    print(f"mutant:{mutant} caught by {name} after {examples} examples in {seconds:.2f}s")
+
+
+@pytest.mark.parametrize("variant", sorted(HONEST))
+def test_bug_free_variants_pass_every_property(variant):
+    """The base, and the base with each other declaration (padded_rows, rounding) it honours."""
+    impl = load_implementation(f"mutant:{variant}")
+    start = time.perf_counter()
+    caught, examples = run_properties(impl, select_device(), stop_at_first=False)
+    recording.append_mutant_result(dict(mutant=variant, result="passed" if not caught else "FAILED",
+                                        seconds=time.perf_counter() - start, examples=examples,
+                                        property=caught[0][0].rpartition(":")[2] if caught else None,
+                                        time=time.time()))
+    assert not caught, "\n\n".join(f"{name}: {error}" for name, error, _ in caught)
