@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# GPU job (self-hosted runner with CUDA): the gpu profile of the suite, the verify report and the
+# benchmark. Installs the CUDA build of torch 2.13.0 (the CPU pin of .ci/run would not see the GPU).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv && . .venv/bin/activate
+pip install -q torch==2.13.0 triton==3.9.0 -e ".[test,bench]"
+pytest -n auto --hypothesis-profile=gpu --junitxml=reports/pytest-gpu.xml
+python -m mla_fuse verify --profile gpu --report-dir reports/verify-gpu -n auto
+python -m mla_fuse bench --out reports/bench
