@@ -9,6 +9,7 @@ graph compiled by the old one.
 
 from __future__ import annotations
 
+import abc
 import hashlib
 import inspect
 import logging
@@ -54,8 +55,9 @@ class MlaFusePass(CustomGraphPass):
         self.total_matched += self.matched_count
         logger.debug("%s: %d rewrites", self.name, self.matched_count)
 
+    @abc.abstractmethod
     def run(self, graph: torch.fx.Graph) -> int:
-        raise NotImplementedError
+        """Rewrite ``graph`` in place; return the number of rewrites."""
 
     def uuid_sources(self) -> tuple[Any, ...]:
         return (inspect.getmodule(type(self)), type(self))

@@ -9,9 +9,7 @@ from torch._higher_order_ops.auto_functionalize import auto_functionalized
 
 from mla_fuse.layers import rotary_embedding, unified_ops
 from mla_fuse.passes import aliasing, pattern_utils, rope_forms
-from mla_fuse.passes.config import FusionConfig
 from mla_fuse.passes.fx_utils import find_auto_functionalized
-from mla_fuse.passes.inductor_pass import MlaFusePass
 
 UNIFIED_MLA_UPDATE = unified_ops.UNIFIED_MLA_UPDATE
 FUSED_MLA_UPDATE = unified_ops.FUSED_MLA_UPDATE
@@ -89,22 +87,13 @@ class MLARopeKVCacheFusionPattern:
         )
 
 
-class MLARopeKVCacheFusionPass(MlaFusePass):
+class MLARopeKVCacheFusionPass(pattern_utils.LazyPatternFusionPass):
     """Registers ``MLARopeKVCacheFusionPattern``s for the MLA cache updates it finds, then applies them."""
 
     name = "mla_rope_kvcache_fusion"
 
-    def __init__(self, config: FusionConfig | None = None) -> None:
-        super().__init__()
-        self.config = config or FusionConfig()
-        self.patterns = pm.PatternMatcherPass(pass_name=self.name)
-        self._registered: set[tuple] = set()
-
-    def run(self, graph: fx.Graph) -> int:
-        if not self.config.mla_rope_kvcache_enabled:
-            return 0
-        self._register_for(graph)
-        return self.patterns.apply(graph)
+    def enabled(self) -> bool:
+        return self.config.mla_rope_kvcache_enabled
 
     def _register_for(self, graph: fx.Graph) -> None:
         for update in find_auto_functionalized(graph, UNIFIED_MLA_UPDATE):

@@ -13,6 +13,8 @@ checked literally.
 
 from __future__ import annotations
 
+import abc
+
 import torch
 import torch._inductor.pattern_matcher as pm
 from torch import fx
@@ -20,6 +22,8 @@ from torch._inductor.fx_passes.post_grad import view_to_reshape
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from mla_fuse.passes.aliasing import foreign_readers
+from mla_fuse.passes.config import FusionConfig
+from mla_fuse.passes.inductor_pass import MlaFusePass
 
 
 def trace_pattern(*args, **kwargs) -> fx.GraphModule:
@@ -71,3 +75,28 @@ def no_foreign_readers(match: pm.Match, mutated_names: tuple[str, ...]) -> bool:
 def hint(size) -> int:
     """A concrete value for a possibly symbolic size (example shapes only; never guarded on)."""
     return size.node.hint if isinstance(size, torch.SymInt) else int(size)
+
+
+class LazyPatternFusionPass(MlaFusePass):
+    """A fusion whose patterns are registered per graph, for the geometries its cache updates show
+    (head sizes, rotary widths, cache formats), then applied; each key is registered once."""
+
+    def __init__(self, config: FusionConfig | None = None) -> None:
+        super().__init__()
+        self.config = config or FusionConfig()
+        self.patterns = pm.PatternMatcherPass(pass_name=self.name)
+        self._registered: set[tuple] = set()
+
+    @abc.abstractmethod
+    def enabled(self) -> bool:
+        """The config flag of this fusion."""
+
+    @abc.abstractmethod
+    def _register_for(self, graph: fx.Graph) -> None:
+        """Register the patterns this graph's cache updates need."""
+
+    def run(self, graph: fx.Graph) -> int:
+        if not self.enabled():
+            return 0
+        self._register_for(graph)
+        return self.patterns.apply(graph)

@@ -9,9 +9,7 @@ from torch._higher_order_ops.auto_functionalize import auto_functionalized
 
 from mla_fuse.layers import rotary_embedding, unified_ops
 from mla_fuse.passes import aliasing, pattern_utils, rope_forms
-from mla_fuse.passes.config import FusionConfig
 from mla_fuse.passes.fx_utils import find_auto_functionalized
-from mla_fuse.passes.inductor_pass import MlaFusePass
 
 UNIFIED_UPDATE = unified_ops.UNIFIED_UPDATE
 FUSED_UPDATE = unified_ops.FUSED_UPDATE
@@ -94,22 +92,13 @@ class RopeKVCacheFusionPattern:
         )
 
 
-class RopeKVCacheFusionPass(MlaFusePass):
+class RopeKVCacheFusionPass(pattern_utils.LazyPatternFusionPass):
     """Registers ``RopeKVCacheFusionPattern``s for the MHA cache updates it finds, then applies them."""
 
     name = "rope_kvcache_fusion"
 
-    def __init__(self, config: FusionConfig | None = None) -> None:
-        super().__init__()
-        self.config = config or FusionConfig()
-        self.patterns = pm.PatternMatcherPass(pass_name=self.name)
-        self._registered: set[tuple] = set()
-
-    def run(self, graph: fx.Graph) -> int:
-        if not self.config.rope_kvcache_enabled:
-            return 0
-        self._register_for(graph)
-        return self.patterns.apply(graph)
+    def enabled(self) -> bool:
+        return self.config.rope_kvcache_enabled
 
     def _register_for(self, graph: fx.Graph) -> None:
         hint = pattern_utils.hint
