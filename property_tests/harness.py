@@ -89,12 +89,13 @@ class Property:
 
     def run(self, impl, device, case):
         """One example, outside or inside hypothesis: skip, note, events, record a failure."""
+        # stats first, so that a skip is reported under this property's operations too
+        stats = RECORDER.stats_for(self, impl, getattr(case, "corruption", None))
         missing = [op for op in self.operations if not impl.provides(op)]
         if missing:
             raise NotProvided(f"{impl.name} does not provide {', '.join(missing)}")
         if self.needs_input_checks and not impl.checks_inputs:
             raise NotProvided(f"{impl.name} declares checks_inputs=False: the bad-input rule does not apply")
-        stats = RECORDER.stats_for(self, impl, getattr(case, "corruption", None))
         stats.examples += 1
         note(f"case = {case!r}")
         for text in describe(case):
