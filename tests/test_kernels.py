@@ -25,11 +25,11 @@ import torch
 
 from mla_fuse import ops
 from mla_fuse.kernels import config
+from property_tests import comparisons
 from reference import fp8 as ref_fp8
 from reference import ops as ref_ops
 from reference import rope as ref_rope
 from reference.cache import FP8_FORMAT_OF_KV_CACHE_DTYPE
-from reference.rounding import FLOAT_FORMATS
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -101,24 +101,13 @@ def assert_parent_bits(actual: torch.Tensor, expected: torch.Tensor, what: str) 
 # ---------------------------------------------------------------- CONTRACT §5 comparisons
 
 
-def ulp(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    mantissa_bits, min_exponent, _ = FLOAT_FORMATS[dtype]
-    exponent = torch.clamp(torch.frexp(values.abs()).exponent - 1, min=min_exponent)
-    return torch.ldexp(torch.ones_like(values), (exponent - mantissa_bits).to(torch.float64))
-
-
 def assert_rotated(actual: torch.Tensor, before: torch.Tensor, positions, cos_sin_cache, is_neox, what: str):
     """``actual [T, heads, D]``: first R elements within the bound of the exact rotation, the rest bitwise."""
     rotary_dim = cos_sin_cache.size(1)
     before, actual, positions, table = before.cpu(), actual.cpu(), positions.cpu(), cos_sin_cache.cpu()
     exact = ref_rope.rope_exact(positions, before, table, is_neox)[..., :rotary_dim]
-    rows = table.to(torch.float64)[positions.long()]
-    cos, sin = rows[:, None, :rotary_dim // 2].abs(), rows[:, None, rotary_dim // 2:].abs()
-    first, second = ref_rope.pair_indices(rotary_dim, is_neox)
-    a, b = before.to(torch.float64)[..., first].abs(), before.to(torch.float64)[..., second].abs()
-    terms = torch.empty_like(exact)
-    terms[..., first], terms[..., second] = a * cos + b * sin, b * cos + a * sin
-    bound = ulp(exact, actual.dtype) + 2.0 ** -22 * terms
+    terms = comparisons.rotation_terms(positions, before, table, is_neox)
+    bound = comparisons.rope_bound(exact, terms, actual.dtype, "single")
     error = (actual[..., :rotary_dim].to(torch.float64) - exact).abs()
     bad = ~(error <= bound)
     if bad.any():
@@ -130,21 +119,12 @@ def assert_rotated(actual: torch.Tensor, before: torch.Tensor, positions, cos_si
     assert not tail_differs.any(), f"{what}: the unrotated tail changed"
 
 
-def fp8_ordinal(codes: torch.Tensor) -> torch.Tensor:
-    codes = codes.view(torch.uint8).to(torch.int64)
-    return torch.where(codes & 0x80 != 0, -(codes & 0x7F), codes & 0x7F)
-
-
 def assert_codes_close(actual: torch.Tensor, expected: torch.Tensor, fmt: str, what: str) -> None:
     """fp8 codes as ordered integers within one step; NaN exactly where expected."""
     actual, expected = actual.view(torch.uint8).cpu(), expected.view(torch.uint8).cpu()
-    nan_top = 0x7F if fmt == "e4m3" else 0x7C
-
-    def is_nan(c):
-        return (c.to(torch.int64) & 0x7F) >= nan_top + (1 if fmt == "e5m2" else 0)
-
-    bad = is_nan(actual) != is_nan(expected)
-    bad |= ~is_nan(expected) & ((fp8_ordinal(actual) - fp8_ordinal(expected)).abs() > 1)
+    actual_nan, expected_nan = comparisons.fp8_is_nan(actual, fmt), comparisons.fp8_is_nan(expected, fmt)
+    distance = (comparisons.fp8_ordinal(actual) - comparisons.fp8_ordinal(expected)).abs()
+    bad = (actual_nan != expected_nan) | (~expected_nan & (distance > 1))
     assert not bad.any(), f"{what}: {int(bad.sum())} fp8 codes more than one step from the reference"
 
 
