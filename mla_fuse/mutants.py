@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from mla_fuse import validation
+from mla_fuse.implementation import OPERATION_ARGUMENTS
 
 FP8 = {  # format -> (torch float8 dtype, finite max, overflow code of a non-saturating cast)
     "e4m3": (torch.float8_e4m3fn, 448.0, 0x7F),
@@ -195,7 +196,7 @@ class EagerImplementation:
             work()
 
     def _check_slot_values(self, operation, args) -> None:
-        names = _argument_names(operation)
+        names = OPERATION_ARGUMENTS[operation]
         if "slot_mapping" in names:
             cache = args[names.index("kv_cache" if "kv_cache" in names else "key_cache")]
             validation.check_index_values(operation, slot_mapping=args[names.index("slot_mapping")],
@@ -457,20 +458,6 @@ def _ties_away_from_zero(quotient: torch.Tensor, codes: torch.Tensor, float8: to
     above = ((codes & 0x80) | (magnitude + 1)).view(float8).float().abs().double()
     tie = quotient.abs().double() == (below + above) / 2
     return torch.where(tie & (magnitude < 0x7E), codes + 1, codes)
-
-
-def _argument_names(operation: str) -> tuple[str, ...]:
-    return {
-        "rotary_embedding": ("positions", "query", "key", "head_size", "cos_sin_cache", "is_neox"),
-        "concat_and_cache_mla": ("kv_c", "k_pe", "kv_cache", "slot_mapping", "kv_cache_dtype", "scale"),
-        "concat_and_cache_mla_rope_fused": ("positions", "q_pe", "k_pe", "kv_c", "cos_sin_cache", "is_neox",
-                                            "slot_mapping", "kv_cache", "kv_cache_dtype", "kv_cache_scale"),
-        "reshape_and_cache_flash": ("key", "value", "key_cache", "value_cache", "slot_mapping", "kv_cache_dtype",
-                                    "k_scale", "v_scale"),
-        "rope_and_reshape_and_cache_flash": ("positions", "query", "key", "value", "key_cache", "value_cache",
-                                             "slot_mapping", "cos_sin_cache", "is_neox", "kv_cache_dtype",
-                                             "k_scale", "v_scale"),
-    }[operation]
 
 
 def _mutant_class(bug: str) -> type:

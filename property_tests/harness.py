@@ -32,24 +32,16 @@ from hypothesis import note as hypothesis_note
 from hypothesis import target as hypothesis_target
 from hypothesis.errors import InvalidArgument
 
+from mla_fuse.implementation import OPERATION_ARGUMENTS
+from mla_fuse.validation import CHECK_VALUES_ENV_VAR
 from property_tests import build as builder
 from property_tests import comparisons, corruptions, oracle, strategies
 from property_tests.cases import BadInputCase, FlashCase, MlaCase, RopeCase
 from property_tests.recording import RECORDER
 
-CHECK_VALUES_ENV_VAR = "MLA_FUSE_CHECK_VALUES"
 
-SIGNATURES = {
-    "rotary_embedding": ("positions", "query", "key", "head_size", "cos_sin_cache", "is_neox"),
-    "concat_and_cache_mla": ("kv_c", "k_pe", "kv_cache", "slot_mapping", "kv_cache_dtype", "scale"),
-    "concat_and_cache_mla_rope_fused": ("positions", "q_pe", "k_pe", "kv_c", "cos_sin_cache", "is_neox",
-                                        "slot_mapping", "kv_cache", "kv_cache_dtype", "scale"),
-    "reshape_and_cache_flash": ("key", "value", "key_cache", "value_cache", "slot_mapping", "kv_cache_dtype",
-                                "k_scale", "v_scale"),
-    "rope_and_reshape_and_cache_flash": ("positions", "query", "key", "value", "key_cache", "value_cache",
-                                         "slot_mapping", "cos_sin_cache", "is_neox", "kv_cache_dtype", "k_scale",
-                                         "v_scale"),
-}
+# The suite builds one buffer per name; the fused MLA op calls its scale buffer kv_cache_scale.
+BUFFER_OF_ARGUMENT = {"kv_cache_scale": "scale"}
 
 
 # ---------------------------------------------------------------- hypothesis calls that also work in a replay
@@ -246,7 +238,7 @@ def value_checks(enabled: bool):
 
 def call(impl, operation: str, args: dict, check_values: bool = False) -> None:
     with value_checks(check_values):
-        impl.op(operation)(*(args[name] for name in SIGNATURES[operation]))
+        impl.op(operation)(*(args[BUFFER_OF_ARGUMENT.get(name, name)] for name in OPERATION_ARGUMENTS[operation]))
 
 
 def _count_padding(case) -> None:
