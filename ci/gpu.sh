@@ -5,6 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv && . .venv/bin/activate
 pip install -q torch==2.13.0 triton==3.9.0 -e ".[test,bench]"
-pytest -n auto --hypothesis-profile=gpu --junitxml=reports/pytest-gpu.xml
-python -m mla_fuse verify --profile gpu --report-dir reports/verify-gpu -n auto
-python -m mla_fuse bench --out reports/bench
+pytest -n auto --hypothesis-profile=mla_fuse.gpu --junitxml=reports/pytest-gpu.xml
+mla-fuse verify --profile gpu --report-dir reports/verify-gpu -n auto
+mla-fuse bench --out reports/bench

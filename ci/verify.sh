@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
-python -m mla_fuse verify --profile "${1:-ci}" --report-dir reports/verify -n auto
+mla-fuse verify --profile "${1:-ci}" --report-dir reports/verify -n auto

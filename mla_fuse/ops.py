@@ -209,21 +209,3 @@ def rope_and_reshape_and_cache_flash(positions, query, key, value, key_cache, va
     torch.ops.mla_fuse.rope_and_reshape_and_cache_flash(positions, query, key, value, key_cache, value_cache,
                                                         slot_mapping, cos_sin_cache, is_neox, kv_cache_dtype,
                                                         k_scale, v_scale)
-
-
-# ---------------------------------------------------------------- the implementation object
-
-
-class TritonImplementation:
-    """The Triton kernels as an implementation of the contract (registered as ``triton``)."""
-
-    name = "triton"
-    rounding = "single"
-    padded_rows = "rotated"
-    checks_inputs = True
-
-    rotary_embedding = staticmethod(rotary_embedding)
-    concat_and_cache_mla = staticmethod(concat_and_cache_mla)
-    concat_and_cache_mla_rope_fused = staticmethod(concat_and_cache_mla_rope_fused)
-    reshape_and_cache_flash = staticmethod(reshape_and_cache_flash)
-    rope_and_reshape_and_cache_flash = staticmethod(rope_and_reshape_and_cache_flash)

@@ -13,12 +13,12 @@ import math
 
 import torch
 
-from property_tests import memory
-from property_tests.cases import FlashCase, MlaCase, Placement, RopeCase
-from reference import fp8 as ref_fp8
-from reference import rope as ref_rope
-from reference.cache import FP8_FORMAT_OF_KV_CACHE_DTYPE
-from reference.rounding import FLOAT_FORMATS, round_once
+from mla_fuse_conformance import memory
+from mla_fuse_conformance.cases import FlashCase, MlaCase, Placement, RopeCase
+from mla_fuse_reference import fp8 as ref_fp8
+from mla_fuse_reference import rope as ref_rope
+from mla_fuse_reference.cache import FP8_FORMAT_OF_KV_CACHE_DTYPE
+from mla_fuse_reference.rounding import FLOAT_FORMATS, round_once
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "int32": torch.int32, "int64": torch.int64}

@@ -25,10 +25,10 @@ import dataclasses
 
 import torch
 
-from property_tests import memory
-from reference import fp8 as ref_fp8
-from reference.rope import pair_indices
-from reference.rounding import FLOAT_FORMATS
+from mla_fuse_conformance import memory
+from mla_fuse_reference import fp8 as ref_fp8
+from mla_fuse_reference.rope import pair_indices
+from mla_fuse_reference.rounding import FLOAT_FORMATS
 
 SINGLE_ROUNDING_SLACK = 2.0 ** -22
 

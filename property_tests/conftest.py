@@ -1,15 +1,28 @@
-"""Profiles, the device fixture, and what a failing property leaves behind (see README.md)."""
+"""Fixtures, the default profile, and what a failing property leaves behind (see README.md).
+
+Options (``--impl``) and the profiles come from the suite's pytest plugin (``plugin.py``).
+"""
 
 from __future__ import annotations
 
 import pytest
 from hypothesis import settings
 
-from property_tests import plugin, profiles, recording, strategies
-from property_tests.devices import select_device
-from property_tests.recording import RECORDER
+from mla_fuse_conformance import profiles, recording, strategies
+from mla_fuse_conformance.devices import select_device
+from mla_fuse_conformance.implementation import load_implementation
+from mla_fuse_conformance.recording import RECORDER
 
-settings.load_profile(profiles.default_profile())  # --hypothesis-profile, read later by hypothesis, wins
+
+def pytest_configure(config):
+    if not config.getoption("hypothesis_profile", None):
+        settings.load_profile(profiles.full_name(profiles.default_profile()))
+
+
+@pytest.fixture(scope="session")
+def impl(request):
+    """The implementation under test (mla_fuse_conformance.implementation.Implementation)."""
+    return load_implementation(request.config.getoption("--impl"))
 
 
 @pytest.fixture(scope="session")
@@ -39,8 +52,3 @@ def pytest_runtest_makereport(item, call):
         report.sections.append(("mla_fuse: reproduce this failure",
                                 recording.describe_failure(RECORDER.last_failure, path, item.nodeid, profile)))
     recording.append_metrics(RECORDER.stats, report.outcome)
-
-
-def pytest_configure(config):
-    if not config.pluginmanager.has_plugin(plugin.__name__):
-        config.pluginmanager.register(plugin, plugin.__name__)

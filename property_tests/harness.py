@@ -19,6 +19,7 @@ The checks:
 from __future__ import annotations
 
 import contextlib
+import importlib
 import dataclasses
 import os
 import re
@@ -32,12 +33,12 @@ from hypothesis import note as hypothesis_note
 from hypothesis import target as hypothesis_target
 from hypothesis.errors import InvalidArgument
 
-from mla_fuse.implementation import OPERATION_ARGUMENTS
+from mla_fuse_conformance.protocol import OPERATION_ARGUMENTS
 from mla_fuse.validation import CHECK_VALUES_ENV_VAR
-from property_tests import build as builder
-from property_tests import comparisons, corruptions, oracle, strategies
-from property_tests.cases import BadInputCase, FlashCase, MlaCase, RopeCase
-from property_tests.recording import RECORDER
+from mla_fuse_conformance import build as builder
+from mla_fuse_conformance import comparisons, corruptions, oracle, strategies
+from mla_fuse_conformance.cases import BadInputCase, FlashCase, MlaCase, RopeCase
+from mla_fuse_conformance.recording import RECORDER
 
 
 # The suite builds one buffer per name; the fused MLA op calls its scale buffer kv_cache_scale.
@@ -106,6 +107,22 @@ class Property:
 
 
 PROPERTIES: dict[str, Property] = {}
+SUITE_PACKAGE = "mla_fuse_conformance"
+
+
+def _property_name(body) -> str:
+    """``test_module:function``: the same whether pytest imported the module from a clone
+    (``property_tests.test_mla``) or from an installed suite (``mla_fuse_conformance.test_mla``)."""
+    return f"{body.__module__.rpartition('.')[2]}:{body.__name__}"
+
+
+def property_named(name: str) -> Property:
+    """The registered property ``test_module:function``, importing its module if needed."""
+    module = name.partition(":")[0].rpartition(".")[2]
+    short = f"{module}:{name.partition(':')[2]}"
+    if short not in PROPERTIES:
+        importlib.import_module(f"{SUITE_PACKAGE}.{module}")
+    return PROPERTIES[short]
 
 
 def _run_or_skip(registered: Property, impl, device, case) -> None:
@@ -126,7 +143,7 @@ def prop(*operations: str, cases, examples=()):
     ``examples`` (found bugs) runs first, every time."""
 
     def decorate(body):
-        registered = Property(f"{body.__module__}:{body.__name__}", operations, (cases,), body, tuple(examples))
+        registered = Property(_property_name(body), operations, (cases,), body, tuple(examples))
         PROPERTIES[registered.name] = registered
 
         def test(impl, device, case):
@@ -148,7 +165,7 @@ def bad_input_prop(operation: str, examples_per_corruption: int):
 
     def decorate(body):
         variants = tuple(strategies.bad_input_cases(operation, name) for name in names)
-        registered = Property(f"{body.__module__}:{body.__name__}", (operation,), variants, body,
+        registered = Property(_property_name(body), (operation,), variants, body,
                               needs_input_checks=True, examples_per_variant=examples_per_corruption)
         PROPERTIES[registered.name] = registered
 

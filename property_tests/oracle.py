@@ -14,11 +14,11 @@ import dataclasses
 
 import torch
 
-from property_tests import build as builder
-from property_tests.comparisons import Expectation, Fp8Region, RopeRegion, StoredCopy, rope_bound, rotation_terms
-from reference import fp8 as ref_fp8
-from reference import ops as ref_ops
-from reference.rope import rope_exact
+from mla_fuse_conformance import build as builder
+from mla_fuse_conformance.comparisons import Expectation, Fp8Region, RopeRegion, StoredCopy, rope_bound, rotation_terms
+from mla_fuse_reference import fp8 as ref_fp8
+from mla_fuse_reference import ops as ref_ops
+from mla_fuse_reference.rope import rope_exact
 
 
 @dataclasses.dataclass

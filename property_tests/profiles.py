@@ -1,15 +1,20 @@
-"""Hypothesis profiles of the property suite (selected with ``--hypothesis-profile NAME``).
+"""Hypothesis profiles of the conformance suite, registered under the ``mla_fuse.`` prefix.
 
-``dev``      the local default: random, 30 examples per property, failures kept in the
-             example database and replayed first on the next run.
-``ci``       the default under ``CI=true``: derandomized (the same examples every run, so a
-             red CI run reproduces locally), bounded, no database.
-``gpu``      random, more and larger cases (``strategies.LARGE``), for a machine with a GPU.
-``nightly``  random, many examples, database kept (export it to share found failures).
+``mla_fuse.dev``      the local default: random, 30 examples per property, failures kept in the
+                      example database and replayed first on the next run.
+``mla_fuse.ci``       the default under ``CI=true``: derandomized (the same examples every run, so a
+                      red CI run reproduces locally), bounded, no database.
+``mla_fuse.gpu``      random, more and larger cases (``strategies.LARGE``), for a machine with a GPU.
+``mla_fuse.nightly``  random, many examples, database kept (export it to share found failures).
+
+The prefix keeps them apart from a project's own ``dev``/``ci`` profiles: the suite is a
+pytest plugin installed next to the user's tests. ``--hypothesis-profile mla_fuse.ci``
+selects one; ``mla-fuse verify --profile ci`` takes the short name. When none is named and
+the suite is collected, ``mla_fuse.ci`` is loaded under ``CI=true``, else ``mla_fuse.dev``.
 
 ``deadline=None`` everywhere: the Triton interpreter's first launch of a kernel compiles
-it. The example database is a directory: ``$MLA_FUSE_HYPOTHESIS_DB`` or
-``.hypothesis/mla_fuse`` at the repository root.
+it. The example database is a directory: ``$MLA_FUSE_HYPOTHESIS_DB``, else
+``.hypothesis/mla_fuse`` under the current directory.
 """
 
 from __future__ import annotations
@@ -20,15 +25,16 @@ import pathlib
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
+PREFIX = "mla_fuse."
+NAMES = ("dev", "ci", "gpu", "nightly")
 DATABASE_ENV_VAR = "MLA_FUSE_HYPOTHESIS_DB"
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 CI_MAX_EXAMPLES = 50
 NO_SHRINK_PHASES = (Phase.explicit, Phase.generate)
 CI_PHASES = (Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink)
 
 
 def database_path() -> pathlib.Path:
-    return pathlib.Path(os.environ.get(DATABASE_ENV_VAR) or ROOT / ".hypothesis" / "mla_fuse")
+    return pathlib.Path(os.environ.get(DATABASE_ENV_VAR) or pathlib.Path(".hypothesis") / "mla_fuse").absolute()
 
 
 def _common() -> dict:
@@ -36,15 +42,26 @@ def _common() -> dict:
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
+def full_name(short: str) -> str:
+    """``ci`` -> ``mla_fuse.ci``; a name that already has the prefix (or is someone else's) is kept."""
+    return PREFIX + short if short in NAMES else short
+
+
+def current() -> str | None:
+    """The short name of the loaded profile if it is one of ours, else None."""
+    name = settings.get_current_profile_name()
+    return name[len(PREFIX):] if name.startswith(PREFIX) else None
+
+
 def register() -> None:
     database = DirectoryBasedExampleDatabase(str(database_path()))
-    settings.register_profile("dev", max_examples=30, database=database, **_common())
+    settings.register_profile(PREFIX + "dev", max_examples=30, database=database, **_common())
     # no target phase in ci: with few examples, hill-climbing on target() scores would spend
     # them all on mutations of one case; the scores are still recorded and reported
-    settings.register_profile("ci", max_examples=CI_MAX_EXAMPLES, derandomize=True, database=None,
+    settings.register_profile(PREFIX + "ci", max_examples=CI_MAX_EXAMPLES, derandomize=True, database=None,
                               phases=CI_PHASES, **_common())
-    settings.register_profile("gpu", max_examples=200, database=database, **_common())
-    settings.register_profile("nightly", max_examples=2000, database=database, **_common())
+    settings.register_profile(PREFIX + "gpu", max_examples=200, database=database, **_common())
+    settings.register_profile(PREFIX + "nightly", max_examples=2000, database=database, **_common())
 
 
 def default_profile() -> str:
@@ -54,7 +71,7 @@ def default_profile() -> str:
 
 def ci_settings(**overrides) -> settings:
     """The ci profile, for callers outside pytest's profile selection (the mutant self-test)."""
-    return settings(settings.get_profile("ci"), **overrides)
+    return settings(settings.get_profile(PREFIX + "ci"), **overrides)
 
 
 register()

@@ -3,7 +3,7 @@
 Failures. The last failing example of a property (hypothesis replays the shrunk one
 last) is kept here; the conftest writes it to ``$MLA_FUSE_FAILURE_DIR`` (default
 ``.mla_fuse_failures/`` at the repository root) as a small JSON file (property,
-implementation, device, the case with its seed) that ``python -m property_tests.repro``
+implementation, device, the case with its seed) that ``python -m mla_fuse_conformance.repro``
 replays without hypothesis.
 
 Metrics. With ``$MLA_FUSE_REPORT_DIR`` set, every property run appends one JSON line to
@@ -24,16 +24,15 @@ import pathlib
 import re
 import shlex
 
-from property_tests import cases as case_types
+from mla_fuse_conformance import cases as case_types
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 FAILURE_DIR_ENV = "MLA_FUSE_FAILURE_DIR"
 REPORT_DIR_ENV = "MLA_FUSE_REPORT_DIR"
 SESSION_ENV_VAR = "MLA_FUSE_SESSION_ID"
 
 
 def failure_dir() -> pathlib.Path:
-    return pathlib.Path(os.environ.get(FAILURE_DIR_ENV) or ROOT / ".mla_fuse_failures")
+    return pathlib.Path(os.environ.get(FAILURE_DIR_ENV) or ".mla_fuse_failures").absolute()
 
 
 def worker_name() -> str:
@@ -101,7 +100,7 @@ def replay_command(path: pathlib.Path) -> str:
         shown = path.resolve().relative_to(pathlib.Path.cwd())
     except ValueError:
         shown = path
-    return f"python -m property_tests.repro {shlex.quote(str(shown))}"
+    return f"mla-fuse repro {shlex.quote(str(shown))}"
 
 
 def save_failure(failure: dict, nodeid: str, profile: str) -> pathlib.Path:
@@ -135,7 +134,7 @@ def describe_failure(failure: dict, path: pathlib.Path, nodeid: str, profile: st
         f"or with pytest: python -m pytest {shlex.quote(nodeid)} --impl={shlex.quote(failure['impl'])} "
         f"--hypothesis-profile={profile}   (derandomized profiles regenerate it; others replay it from the "
         f"example database)",
-        f"keep it:        add {case!r} to the property's examples=[...] (names from property_tests.cases)",
+        f"keep it:        add {case!r} to the property's examples=[...] (names from mla_fuse_conformance.cases)",
     ])
 
 
@@ -153,7 +152,7 @@ def append_metrics(stats: PropertyStats | None, outcome: str) -> None:
 
 
 def report_dir_or_default() -> pathlib.Path:
-    return pathlib.Path(os.environ.get(REPORT_DIR_ENV) or ROOT / ".mla_fuse_reports")
+    return pathlib.Path(os.environ.get(REPORT_DIR_ENV) or ".mla_fuse_reports").absolute()
 
 
 def append_mutant_result(row: dict) -> None:

@@ -1,6 +1,6 @@
 """Replay a saved failure exactly, without a hypothesis search.
 
-    python -m property_tests.repro .mla_fuse_failures/FILE.json [--impl SPEC] [--device DEVICE]
+    python -m mla_fuse_conformance.repro .mla_fuse_failures/FILE.json [--impl SPEC] [--device DEVICE]
 
 The file (written by the conftest when a property fails) names the property, the
 implementation, the device and the case; the case's seed rebuilds every tensor
@@ -12,7 +12,6 @@ bit for bit. ``--impl`` replays the same case against another implementation (sa
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import pathlib
 import sys
@@ -20,8 +19,8 @@ import traceback
 
 import torch
 
-from property_tests import cases as case_types
-from property_tests.harness import PROPERTIES, NotProvided
+from mla_fuse_conformance import cases as case_types
+from mla_fuse_conformance.harness import NotProvided, property_named
 
 
 def load(path: str) -> dict:
@@ -29,10 +28,9 @@ def load(path: str) -> dict:
 
 
 def replay(record: dict, impl_spec: str | None = None, device: str | None = None) -> int:
-    from mla_fuse.implementation import load_implementation
+    from mla_fuse_conformance.implementation import load_implementation
 
-    importlib.import_module(record["property"].partition(":")[0])
-    prop = PROPERTIES[record["property"]]
+    prop = property_named(record["property"])
     impl = load_implementation(impl_spec or record["impl"])
     if device is None:
         device = record.get("device", "cpu")
@@ -54,7 +52,7 @@ def replay(record: dict, impl_spec: str | None = None, device: str | None = None
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m property_tests.repro", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m mla_fuse_conformance.repro", description=__doc__.splitlines()[0])
     parser.add_argument("file", help="a failure file from .mla_fuse_failures/")
     parser.add_argument("--impl", help="replay against this implementation instead of the recorded one")
     parser.add_argument("--device", help="replay on this device instead of the recorded one")

@@ -16,10 +16,10 @@ import dataclasses
 import math
 import os
 
-from hypothesis import settings
 from hypothesis import strategies as st
 
-from property_tests.cases import (BadInputCase, FlashCase, MlaCase, Placement, PositionSpec, RopeCase, ScaleSpec,
+from mla_fuse_conformance import profiles
+from mla_fuse_conformance.cases import (BadInputCase, FlashCase, MlaCase, Placement, PositionSpec, RopeCase, ScaleSpec,
                                   SlotSpec, TableSpec, ValueSpec)
 
 SIZES_ENV_VAR = "MLA_FUSE_PROPERTY_SIZES"
@@ -60,7 +60,7 @@ def limits() -> Limits:
     """Sizes for the current run: ``$MLA_FUSE_PROPERTY_SIZES`` (small/large), else by profile."""
     choice = os.environ.get(SIZES_ENV_VAR)
     if choice is None:
-        choice = "large" if settings.get_current_profile_name() == "gpu" else "small"
+        choice = "large" if profiles.current() == "gpu" else "small"
     return LARGE if choice == "large" else SMALL
 
 
@@ -328,7 +328,7 @@ BASE_CASES = {
 @st.composite
 def bad_input_cases(draw, operation: str, corruption: str | None = None) -> BadInputCase:
     """A small valid case for ``operation`` with one named corruption (``corruptions.py``)."""
-    from property_tests.corruptions import CORRUPTIONS
+    from mla_fuse_conformance.corruptions import CORRUPTIONS
 
     if corruption is None:
         corruption = draw(st.sampled_from(sorted(CORRUPTIONS[operation])))

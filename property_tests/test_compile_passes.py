@@ -19,7 +19,7 @@ same passes, run eagerly) and checks:
 These do not use ``harness.prop``: they test the passes (through ``mla_fuse.ops``), not the
 implementation under ``--impl``, and stay out of the mutant self-test. A failing example
 prints ``case = CompileCase(...)``; replay it without hypothesis with
-``python -c "from property_tests.test_compile_passes import *; check_fused(CompileCase(...))"``
+``python -c "from mla_fuse_conformance.test_compile_passes import *; check_fused(CompileCase(...))"``
 (or ``check_unfused``).
 """
 
@@ -34,11 +34,12 @@ from hypothesis import event, given, note, settings
 from hypothesis import strategies as st
 
 import mla_fuse.compile as mc
-from mla_fuse.implementation import resolve_spec
+from mla_fuse_conformance import profiles
+from mla_fuse_conformance.implementation import resolve_spec
 from mla_fuse.layers import (
     DeepseekScalingRotaryEmbedding, LayerKVCache, MHAAttention, MLAAttention, RotaryEmbedding,
 )
-from tests.test_passes_helpers import (
+from mla_fuse_conformance.pass_models import (
     FUSED_MHA, FUSED_MLA, POSITIONS, ROPE_FORMS, ROTARY, UNIFIED_MHA, UNIFIED_MLA, Step, ToyModel, _filled,
     assert_same_results, clone_caches, compile_light, count_calls, count_slice_scatters, counting_kernel_calls,
     final_graph, native_rope_nodes, run, same_weights,
@@ -282,7 +283,7 @@ CI_EXAMPLES = {"fused": 20, "unfused": 25}
 
 def _budget(which: str):
     """``settings(max_examples=...)`` capped under the ci profile (the profile is loaded before collection)."""
-    if settings.get_current_profile_name() != "ci":
+    if profiles.current() != "ci":
         return lambda test: test
     return settings(max_examples=min(settings.default.max_examples, CI_EXAMPLES[which]))
 

@@ -1,8 +1,8 @@
 """Properties of the MHA (flash layout) operations: ``reshape_and_cache_flash`` and its fused rope form."""
 
-from property_tests import harness, strategies
-from property_tests.cases import FlashCase, SlotSpec, TableSpec, ValueSpec
-from property_tests.harness import bad_input_prop, prop
+from mla_fuse_conformance import harness, strategies
+from mla_fuse_conformance.cases import FlashCase, SlotSpec, TableSpec, ValueSpec
+from mla_fuse_conformance.harness import bad_input_prop, prop
 
 EDGES = strategies.edge_cases("flash")
 FOUND = [

@@ -17,8 +17,8 @@ import math
 import pytest
 import torch
 
-from property_tests import build, comparisons, harness, memory, oracle
-from property_tests.cases import FlashCase, MlaCase, RopeCase, SlotSpec, TableSpec
+from mla_fuse_conformance import build, comparisons, harness, memory, oracle
+from mla_fuse_conformance.cases import FlashCase, MlaCase, RopeCase, SlotSpec, TableSpec
 
 GPU_THRESHOLD = 2 ** 31 + 2 ** 16
 CPU_THRESHOLD = 2 ** 20

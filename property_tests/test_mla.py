@@ -1,8 +1,8 @@
 """Properties of the MLA operations: ``concat_and_cache_mla`` and its fused rope form (CONTRACT §2-§4)."""
 
-from property_tests import harness, strategies
-from property_tests.cases import MlaCase, SlotSpec, TableSpec, ValueSpec
-from property_tests.harness import bad_input_prop, prop
+from mla_fuse_conformance import harness, strategies
+from mla_fuse_conformance.cases import MlaCase, SlotSpec, TableSpec, ValueSpec
+from mla_fuse_conformance.harness import bad_input_prop, prop
 
 EDGES = strategies.edge_cases("mla")
 

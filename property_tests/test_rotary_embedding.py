@@ -1,8 +1,8 @@
 """Properties of ``rotary_embedding`` (CONTRACT §1, §4)."""
 
-from property_tests import harness, strategies
-from property_tests.cases import RopeCase, TableSpec
-from property_tests.harness import bad_input_prop, prop
+from mla_fuse_conformance import harness, strategies
+from mla_fuse_conformance.cases import RopeCase, TableSpec
+from mla_fuse_conformance.harness import bad_input_prop, prop
 
 EDGES = strategies.edge_cases("rope")
 

@@ -14,14 +14,14 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 
-import property_tests.test_flash  # noqa: F401  (register the properties checked below)
-import property_tests.test_mla  # noqa: F401
-import property_tests.test_rotary_embedding  # noqa: F401
-from mla_fuse.implementation import load_implementation
-from property_tests import build, cases, comparisons, harness, memory, oracle, recording, repro, strategies
-from property_tests.cases import FlashCase, MlaCase, RopeCase, TableSpec
-from reference import fp8 as ref_fp8
-from reference import ops as ref_ops
+import mla_fuse_conformance.test_flash  # noqa: F401  (register the properties checked below)
+import mla_fuse_conformance.test_mla  # noqa: F401
+import mla_fuse_conformance.test_rotary_embedding  # noqa: F401
+from mla_fuse_conformance.implementation import load_implementation
+from mla_fuse_conformance import build, cases, comparisons, harness, memory, oracle, recording, repro, strategies
+from mla_fuse_conformance.cases import FlashCase, MlaCase, RopeCase, TableSpec
+from mla_fuse_reference import fp8 as ref_fp8
+from mla_fuse_reference import ops as ref_ops
 
 STRATEGY_EXAMPLES = 150
 
@@ -234,7 +234,7 @@ def test_reference_rotary_embedding_accepts_zero_tokens():
 def test_reference_rope_passes_the_unrotated_tail_through_bitwise():
     """Found by test_fused_flash_matches_reference: the tail went through a cast that rewrote NaN bits
     (0x7fc0 -> 0xffff in torch's vectorized cast); pass-through must be bitwise."""
-    from reference import rope as ref_rope
+    from mla_fuse_reference import rope as ref_rope
 
     x = torch.ones(1, 1, 64, dtype=torch.bfloat16)
     x[..., 5] = float("nan")  # R = 2: the NaN (0x7fc0) is in the tail; torch's vectorized cast writes 0xffff
@@ -248,7 +248,7 @@ def test_reference_rope_passes_the_unrotated_tail_through_bitwise():
 def test_a_saved_failure_replays_exactly(tmp_path, monkeypatch):
     """Fail a property on a mutant, save the failure, replay it in process and with the command line."""
     monkeypatch.setenv(recording.FAILURE_DIR_ENV, str(tmp_path))
-    prop = harness.PROPERTIES["property_tests.test_mla:test_fused_mla_matches_reference"]
+    prop = harness.PROPERTIES["test_mla:test_fused_mla_matches_reference"]
     mutant = load_implementation("mutant:sin_sign_flipped")
     recording.RECORDER.reset()
     with pytest.raises(AssertionError):
@@ -258,8 +258,8 @@ def test_a_saved_failure_replays_exactly(tmp_path, monkeypatch):
     assert cases.from_jsonable(record["case"]) == PLAIN_MLA
     assert repro.replay(record) == 1
     assert repro.replay(record, impl_spec="mutant:none") == 0
-    result = subprocess.run([sys.executable, "-m", "property_tests.repro", str(path)], capture_output=True,
-                            text=True, cwd=recording.ROOT)
+    result = subprocess.run(["mla-fuse", "repro", str(path)], capture_output=True,
+                            text=True, cwd=tmp_path)
     assert result.returncode == 1 and "outside the CONTRACT §5 bound" in result.stderr + result.stdout
 
 

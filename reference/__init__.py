@@ -6,6 +6,6 @@ Readable PyTorch written like the math: it computes in float64 from the given
 drives). It never imports ``mla_fuse``.
 """
 
-from reference import cache, fp8, ops, rope, rounding
+from . import cache, fp8, ops, rope, rounding
 
 __all__ = ["cache", "fp8", "ops", "rope", "rounding"]

@@ -7,7 +7,7 @@ bad input (``checks_inputs = False``).
 
 from __future__ import annotations
 
-from reference import ops
+from . import ops
 
 
 class ReferenceImplementation:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from reference import fp8
+from . import fp8
 
 FP8_FORMAT_OF_KV_CACHE_DTYPE = {"fp8": "e4m3", "fp8_e4m3": "e4m3", "fp8_e5m2": "e5m2"}
 

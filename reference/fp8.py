@@ -14,7 +14,7 @@ import dataclasses
 
 import torch
 
-from reference.rounding import round_to_grid
+from .rounding import round_to_grid
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from reference.cache import flash_cache_write, mla_cache_write
-from reference.rope import rope
+from .cache import flash_cache_write, mla_cache_write
+from .rope import rope
 
 
 def _as_heads(x: torch.Tensor, head_size: int) -> torch.Tensor:

@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from reference.rounding import round_once
+from .rounding import round_once
 
 # ---------------------------------------------------------------- frequencies
 

@@ -60,7 +60,7 @@ UNALIGNED_VARIANTS = {"mla_fused_fp32_odd_rotary"}  # R = 12, L = 20: rows not 1
 
 def _mla_args(op, dtype, heads=16, tokens=64, latent=512, rotary=64, is_neox=False, kv_cache_dtype="fp8"):
     import torch
-    from reference.rope import plain_cos_sin_cache
+    from mla_fuse_reference.rope import plain_cos_sin_cache
 
     dtype = getattr(torch, dtype)
     kv = torch.randn(tokens, latent + rotary).to(dtype)
@@ -77,7 +77,7 @@ def _mla_args(op, dtype, heads=16, tokens=64, latent=512, rotary=64, is_neox=Fal
 def _flash_args(op, dtype, tokens=64, heads=32, kv_heads=8, head_size=128, rotary=128, is_neox=True,
                 kv_cache_dtype="auto", per_head_scales=False):
     import torch
-    from reference.rope import plain_cos_sin_cache
+    from mla_fuse_reference.rope import plain_cos_sin_cache
 
     dtype = getattr(torch, dtype)
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_size).to(dtype)

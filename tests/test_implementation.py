@@ -5,7 +5,7 @@ import types
 
 import pytest
 
-from mla_fuse.implementation import OPERATIONS, describe, load_implementation
+from mla_fuse_conformance.implementation import OPERATIONS, describe, load_implementation
 
 
 def test_reference_is_registered_and_complete():
@@ -38,7 +38,7 @@ def test_env_var_is_the_fallback(monkeypatch):
 @pytest.mark.parametrize("spec, message", [
     ("no_such_name", "neither a registered name"),
     ("no_such_module_xyz:Impl", "cannot import module"),
-    ("reference.adapter:Missing", "has no attribute"),
+    ("mla_fuse_reference.adapter:Missing", "has no attribute"),
 ])
 def test_bad_specs_say_what_is_wrong(spec, message):
     with pytest.raises(ValueError, match=message):

@@ -18,17 +18,17 @@ import torch
 import triton
 import triton.language as tl
 
-from mla_fuse.kernels import INTERPRETED
+from mla_fuse.kernels import INTERPRETED, jit
 from mla_fuse.kernels.conversions import FP8_FORMATS, quantize, round_float32, widen_to_float32
-from reference import fp8 as ref_fp8
-from reference.rounding import round_once
+from mla_fuse_reference import fp8 as ref_fp8
+from mla_fuse_reference.rounding import round_once
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 BLOCK = 1 << 16
 INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
 
 
-@triton.jit
+@jit
 def _round_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
     offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < n
@@ -36,14 +36,14 @@ def _round_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
     tl.store(out_ptr + offsets, round_float32(x, out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@jit
 def _widen_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
     offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < n
     tl.store(out_ptr + offsets, widen_to_float32(tl.load(x_ptr + offsets, mask=mask)), mask=mask)
 
 
-@triton.jit
+@jit
 def _quantize_kernel(x_ptr, scale_ptr, out_ptr, n, FP8_FORMAT: tl.constexpr, BLOCK: tl.constexpr):
     offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < n
@@ -51,7 +51,7 @@ def _quantize_kernel(x_ptr, scale_ptr, out_ptr, n, FP8_FORMAT: tl.constexpr, BLO
     tl.store(out_ptr + offsets, quantize(x, tl.load(scale_ptr), FP8_FORMAT), mask=mask)
 
 
-@triton.jit
+@jit
 def _native_cast_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
     offsets = tl.arange(0, BLOCK)
     mask = offsets < n

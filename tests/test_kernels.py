@@ -25,11 +25,11 @@ import torch
 
 from mla_fuse import ops
 from mla_fuse.kernels import config
-from property_tests import comparisons
-from reference import fp8 as ref_fp8
-from reference import ops as ref_ops
-from reference import rope as ref_rope
-from reference.cache import FP8_FORMAT_OF_KV_CACHE_DTYPE
+from mla_fuse_conformance import comparisons
+from mla_fuse_reference import fp8 as ref_fp8
+from mla_fuse_reference import ops as ref_ops
+from mla_fuse_reference import rope as ref_rope
+from mla_fuse_reference.cache import FP8_FORMAT_OF_KV_CACHE_DTYPE
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

@@ -1,6 +1,6 @@
 """Mutation self-test of the property suite (issue 4).
 
-Every mutant of ``mla_fuse.mutants`` carries one bug from ``shared/BUGS.md``; the
+Every mutant of ``mla_fuse_conformance.mutants`` carries one bug from ``shared/BUGS.md``; the
 properties of ``property_tests/`` must catch each of them within the ``ci`` profile
 (derandomized, the same examples as CI), and must pass ``mutant:none``, the bug-free
 base. A mutant counts as caught only when a property *asserts* (AssertionError): a
@@ -19,29 +19,29 @@ import time
 import pytest
 from hypothesis import Verbosity, example, given, settings
 
-import property_tests.test_flash  # noqa: F401  (registers the properties)
-import property_tests.test_mla  # noqa: F401
-import property_tests.test_rotary_embedding  # noqa: F401
-from mla_fuse.implementation import load_implementation
-from mla_fuse.mutants import APPROXIMATED, BUG_CLASSES, HONEST, MUTANTS
-from property_tests import profiles, recording
-from property_tests.devices import select_device
-from property_tests.harness import PROPERTIES, NotProvided
+import mla_fuse_conformance.test_flash  # noqa: F401  (registers the properties)
+import mla_fuse_conformance.test_mla  # noqa: F401
+import mla_fuse_conformance.test_rotary_embedding  # noqa: F401
+from mla_fuse_conformance.implementation import load_implementation
+from mla_fuse_conformance.mutants import APPROXIMATED, BUG_CLASSES, HONEST, MUTANTS
+from mla_fuse_conformance import profiles, recording
+from mla_fuse_conformance.devices import select_device
+from mla_fuse_conformance.harness import PROPERTIES, NotProvided
 
 # cheapest and broadest first: the fused properties see rope and cache at once
 ORDER = [
-    "property_tests.test_mla:test_fused_mla_matches_reference",
-    "property_tests.test_flash:test_fused_flash_matches_reference",
-    "property_tests.test_rotary_embedding:test_rotary_embedding_matches_reference",
-    "property_tests.test_mla:test_mla_cache_write_matches_reference",
-    "property_tests.test_flash:test_flash_cache_write_matches_reference",
-    "property_tests.test_mla:test_fused_mla_equals_unfused_chain",
-    "property_tests.test_flash:test_fused_flash_equals_unfused_chain",
-    "property_tests.test_rotary_embedding:test_rotary_embedding_rejects_bad_input",
-    "property_tests.test_mla:test_mla_cache_write_rejects_bad_input",
-    "property_tests.test_mla:test_fused_mla_rejects_bad_input",
-    "property_tests.test_flash:test_flash_cache_write_rejects_bad_input",
-    "property_tests.test_flash:test_fused_flash_rejects_bad_input",
+    "test_mla:test_fused_mla_matches_reference",
+    "test_flash:test_fused_flash_matches_reference",
+    "test_rotary_embedding:test_rotary_embedding_matches_reference",
+    "test_mla:test_mla_cache_write_matches_reference",
+    "test_flash:test_flash_cache_write_matches_reference",
+    "test_mla:test_fused_mla_equals_unfused_chain",
+    "test_flash:test_fused_flash_equals_unfused_chain",
+    "test_rotary_embedding:test_rotary_embedding_rejects_bad_input",
+    "test_mla:test_mla_cache_write_rejects_bad_input",
+    "test_mla:test_fused_mla_rejects_bad_input",
+    "test_flash:test_flash_cache_write_rejects_bad_input",
+    "test_flash:test_fused_flash_rejects_bad_input",
 ]
 
 

@@ -11,7 +11,7 @@ import torch
 
 import mla_fuse.compile as mc
 from mla_fuse.layers import unified_ops
-from test_passes_helpers import (
+from mla_fuse_conformance.pass_models import (
     assert_same_results, clone_caches, counting_kernel_calls, make_step, mha_caches, mha_model, mla_caches,
     mla_model, run, same_weights,
 )

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import mla_fuse.compile as mc
-from test_passes_helpers import (
+from mla_fuse_conformance.pass_models import (
     FUSED_MHA, ROTARY, UNIFIED_MHA, assert_same_results, clone_caches, compile_light, count_calls,
     count_slice_scatters, counting_kernel_calls, final_graph, make_step, mha_caches, mha_model, native_rope_nodes,
     run, same_weights,

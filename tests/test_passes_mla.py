@@ -12,7 +12,7 @@ import torch
 
 from mla_fuse.layers import MLAAttention, RotaryEmbedding, get_forward_context, set_forward_context
 from mla_fuse.layers.unified_ops import fused_rope_and_unified_mla_kv_cache_update
-from test_passes_helpers import (
+from mla_fuse_conformance.pass_models import (
     FUSED_MLA, ROPE_FORMS, ROTARY, UNIFIED_MLA, assert_bitwise, assert_same_results, clone_caches, compile_light,
     count_calls, count_slice_scatters, counting_kernel_calls, final_graph, make_step, mla_caches, mla_model,
     native_rope_nodes, run, same_weights,

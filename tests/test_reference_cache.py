@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from reference import fp8, ops, rope
-from reference.adapter import ReferenceImplementation
+from mla_fuse_reference import fp8, ops, rope
+from mla_fuse_reference.adapter import ReferenceImplementation
 
 SENTINEL = -7.25
 

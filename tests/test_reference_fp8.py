@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from reference import fp8
+from mla_fuse_reference import fp8
 
 ML_DTYPES = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
 

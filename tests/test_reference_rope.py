@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from reference import ops, rope, rounding
+from mla_fuse_reference import ops, rope, rounding
 
 # A hand-made table: row 1 has (c, s) = (0, 1) for pair 0 and (0.5, 0.75) for pair 1.
 # The formula is linear in (c, s), so a non-unit pair is as good a known answer.

@@ -1,31 +1,58 @@
-"""Triton kernels of mla_fuse, one per file, plus shared ``@triton.jit`` helpers.
+"""Triton kernels of mla_fuse, one per file, plus shared ``@jit`` helpers.
 
-Backend selection happens here, before any kernel module is imported (Triton
-decides at decoration time whether ``@triton.jit`` builds a GPU kernel or an
-interpreted one): without a CUDA device ``TRITON_INTERPRET=1`` is set, so the
-kernels run on CPU tensors through Triton's interpreter. An explicit
-``TRITON_INTERPRET`` in the environment is always respected (``0`` is how the
-ahead-of-time compile test builds GPU kernels on a machine without a GPU).
+Backend: every kernel and helper here is decorated with ``jit`` below, which builds a GPU
+kernel (``triton.JITFunction``) or an interpreted one (Triton's interpreter, running on CPU
+tensors) for this package only: nothing is written to ``os.environ`` or to Triton's global
+settings, so other Triton code in the process keeps its own backend. The choice is made once,
+when ``mla_fuse.kernels`` is first imported (``mla_fuse.ops`` imports it):
 
-The kernels never rely on Triton's float down-casts (the interpreter's are
-wrong, triton-lang/triton#8322): every rounding to bf16/fp16/fp8 is integer
-arithmetic on the fp32 bit pattern (``conversions.py``), exact on every backend.
+1. ``MLA_FUSE_TRITON_BACKEND=interpreter`` or ``=gpu``, if set;
+2. else ``TRITON_INTERPRET`` if set (``1``: interpreter, ``0``: GPU; the ahead-of-time
+   compile test builds GPU kernels on a machine without a GPU this way);
+3. else the GPU when ``torch.cuda.is_available()``, the interpreter otherwise.
+
+``BACKEND`` and ``INTERPRETED`` say what was chosen.
+
+The kernels never rely on Triton's float down-casts (the interpreter's are wrong,
+triton-lang/triton#8322): every rounding to bf16/fp16/fp8 is integer arithmetic on the fp32
+bit pattern (``conversions.py``), exact on every backend.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 import torch
+from triton.runtime.interpreter import InterpretedFunction
+from triton.runtime.jit import JITFunction
 
+BACKEND_ENV_VAR = "MLA_FUSE_TRITON_BACKEND"
 INTERPRET_ENV_VAR = "TRITON_INTERPRET"
+BACKENDS = ("interpreter", "gpu")
 
-if INTERPRET_ENV_VAR not in os.environ and not torch.cuda.is_available():
-    os.environ[INTERPRET_ENV_VAR] = "1"
 
-import triton  # noqa: E402  (after the backend choice, before any @triton.jit)
+def choose_backend() -> str:
+    """``interpreter`` or ``gpu``, by the rules of the module docstring."""
+    chosen = os.environ.get(BACKEND_ENV_VAR, "").strip().lower()
+    if chosen:
+        if chosen not in BACKENDS:
+            raise ValueError(f"${BACKEND_ENV_VAR} must be one of {BACKENDS}, got {chosen!r}")
+        return chosen
+    interpret = os.environ.get(INTERPRET_ENV_VAR)
+    if interpret is not None:
+        return "interpreter" if interpret.strip().lower() in ("1", "true", "on", "yes") else "gpu"
+    return "gpu" if torch.cuda.is_available() else "interpreter"
 
-#: Whether the kernels of this process are interpreted (fixed when they were decorated).
-INTERPRETED: bool = bool(triton.knobs.runtime.interpret)
 
-__all__ = ["INTERPRETED", "INTERPRET_ENV_VAR"]
+BACKEND: str = choose_backend()
+#: Whether the kernels of this process are interpreted.
+INTERPRETED: bool = BACKEND == "interpreter"
+
+
+def jit(fn: Callable) -> JITFunction | InterpretedFunction:
+    """``@triton.jit`` for the backend chosen above (kernels and the helpers they call)."""
+    return InterpretedFunction(fn) if INTERPRETED else JITFunction(fn)
+
+
+__all__ = ["BACKEND", "BACKENDS", "BACKEND_ENV_VAR", "INTERPRETED", "INTERPRET_ENV_VAR", "choose_backend", "jit"]

@@ -28,8 +28,10 @@ Helpers:
 from __future__ import annotations
 
 import triton
+
 import triton.language as tl
 
+from mla_fuse.kernels import jit
 #: ``FP8_FORMAT`` constexpr values of the kernels.
 FP8_NONE = 0
 FP8_E4M3 = 1
@@ -38,7 +40,7 @@ FP8_E5M2 = 2
 FP8_FORMATS = {None: FP8_NONE, "e4m3": FP8_E4M3, "e5m2": FP8_E5M2}
 
 
-@triton.jit
+@jit
 def round_float32(x, DTYPE: tl.constexpr):
     """fp32 ``x`` rounded once (RNE) to ``DTYPE`` (bf16, fp16 or fp32), as ``DTYPE``."""
     if DTYPE == tl.bfloat16:
@@ -70,7 +72,7 @@ def round_float32(x, DTYPE: tl.constexpr):
         return x
 
 
-@triton.jit
+@jit
 def widen_to_float32(x):
     """bf16/fp16/fp32 ``x`` as fp32, exactly (bf16: the bits shifted left by 16)."""
     if x.dtype == tl.bfloat16:
@@ -80,7 +82,7 @@ def widen_to_float32(x):
         return x.to(tl.float32)
 
 
-@triton.jit
+@jit
 def quantize(x, scale, FP8_FORMAT: tl.constexpr):
     """``code = fp8(clamp(float32(x) / scale))``: uint8 E4M3 (``FP8_E4M3``) or E5M2 (``FP8_E5M2``) code.
 

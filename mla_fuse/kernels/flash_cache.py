@@ -25,15 +25,14 @@ Operands (element strides; the innermost stride is 1 everywhere):
 from __future__ import annotations
 
 import torch
-import triton
 import triton.language as tl
 
-from mla_fuse.kernels import config
+from mla_fuse.kernels import config, jit
 from mla_fuse.kernels.conversions import FP8_FORMATS
 from mla_fuse.kernels.indexing import cache_slots, head_range, store_heads, token_range
 
 
-@triton.jit
+@jit
 def flash_cache_kernel(
     # pointers
     key_ptr, value_ptr, key_cache_ptr, value_cache_ptr, slot_mapping_ptr, k_scale_ptr, v_scale_ptr,

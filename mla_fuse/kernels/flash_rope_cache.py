@@ -35,16 +35,15 @@ Operands (element strides; the innermost stride is 1 everywhere):
 from __future__ import annotations
 
 import torch
-import triton
 import triton.language as tl
 
-from mla_fuse.kernels import config
+from mla_fuse.kernels import config, jit
 from mla_fuse.kernels.conversions import FP8_FORMATS, quantize
 from mla_fuse.kernels.indexing import cache_slots, head_range, store_heads, token_range
 from mla_fuse.kernels.rotation import load_cos_sin, rotate_in_place, store_pairs
 
 
-@triton.jit
+@jit
 def flash_rope_cache_kernel(
     # pointers
     positions_ptr, query_ptr, key_ptr, value_ptr, cos_sin_ptr, slot_mapping_ptr, key_cache_ptr, value_cache_ptr,

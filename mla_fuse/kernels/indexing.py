@@ -12,13 +12,13 @@ cache's real block size ``B`` and its block and entry strides.
 
 from __future__ import annotations
 
-import triton
 import triton.language as tl
 
+from mla_fuse.kernels import jit
 from mla_fuse.kernels.conversions import quantize
 
 
-@triton.jit
+@jit
 def token_range(num_tokens, BLOCK_TOKENS: tl.constexpr):
     """This program's tokens ``pid(0) * BLOCK_TOKENS + [0, BLOCK_TOKENS)``: (int64 index, mask)."""
     tokens = tl.program_id(0).to(tl.int64) * BLOCK_TOKENS + tl.arange(0, BLOCK_TOKENS)
@@ -26,7 +26,7 @@ def token_range(num_tokens, BLOCK_TOKENS: tl.constexpr):
     return tl.where(token_mask, tokens, 0), token_mask
 
 
-@triton.jit
+@jit
 def head_range(head_block, heads_per_program, num_heads, BLOCK_HEADS: tl.constexpr):
     """Heads ``[head_block * heads_per_program, +heads_per_program) ∩ [0, num_heads)``: (int64 index, mask)."""
     first_head = head_block.to(tl.int64) * heads_per_program
@@ -35,7 +35,7 @@ def head_range(head_block, heads_per_program, num_heads, BLOCK_HEADS: tl.constex
     return tl.where(head_mask, heads, 0), head_mask
 
 
-@triton.jit
+@jit
 def cache_slots(slot_mapping_ptr, tokens, token_mask, num_slots, stride_slot, block_size):
     """(block index, offset in the block, whether to write) of each token's cache entry.
 
@@ -49,7 +49,7 @@ def cache_slots(slot_mapping_ptr, tokens, token_mask, num_slots, stride_slot, bl
     return slots // block_size, slots % block_size, write
 
 
-@triton.jit
+@jit
 def store_heads(src_ptr, cache_ptr, scale_ptr, tokens, heads, write, head_mask, stride_token, stride_head,
                 entry_offsets, stride_cache_head, stride_scale, FIRST_ELEMENT: tl.constexpr, HEAD_SIZE: tl.constexpr,
                 FP8_FORMAT: tl.constexpr, BLOCK_ELEMENTS: tl.constexpr):

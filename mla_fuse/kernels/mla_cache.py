@@ -22,15 +22,14 @@ Operands (element strides; the innermost stride is 1 everywhere):
 from __future__ import annotations
 
 import torch
-import triton
 import triton.language as tl
 
-from mla_fuse.kernels import config
+from mla_fuse.kernels import config, jit
 from mla_fuse.kernels.conversions import FP8_FORMATS, quantize
 from mla_fuse.kernels.indexing import cache_slots, token_range
 
 
-@triton.jit
+@jit
 def mla_cache_kernel(
     # pointers
     kv_c_ptr, k_pe_ptr, slot_mapping_ptr, kv_cache_ptr, scale_ptr,

@@ -32,16 +32,15 @@ Operands (element strides; the innermost stride is 1 everywhere):
 from __future__ import annotations
 
 import torch
-import triton
 import triton.language as tl
 
-from mla_fuse.kernels import config
+from mla_fuse.kernels import config, jit
 from mla_fuse.kernels.conversions import FP8_FORMATS, quantize
 from mla_fuse.kernels.indexing import cache_slots, head_range, token_range
 from mla_fuse.kernels.rotation import load_cos_sin, rotate_in_place, store_pairs
 
 
-@triton.jit
+@jit
 def mla_rope_cache_kernel(
     # pointers
     positions_ptr, q_pe_ptr, k_pe_ptr, kv_c_ptr, cos_sin_ptr, slot_mapping_ptr, kv_cache_ptr, scale_ptr,

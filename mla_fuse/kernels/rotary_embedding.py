@@ -24,15 +24,14 @@ Operands (element strides; the innermost stride is 1 everywhere):
 from __future__ import annotations
 
 import torch
-import triton
 import triton.language as tl
 
-from mla_fuse.kernels import config
+from mla_fuse.kernels import config, jit
 from mla_fuse.kernels.indexing import head_range, token_range
 from mla_fuse.kernels.rotation import load_cos_sin, rotate_in_place
 
 
-@triton.jit
+@jit
 def rotary_embedding_kernel(
     # pointers
     positions_ptr, query_ptr, key_ptr, cos_sin_ptr,

@@ -24,12 +24,14 @@ Masked-off lanes keep in-bounds addresses (the element index is clamped).
 from __future__ import annotations
 
 import triton
+
 import triton.language as tl
 
+from mla_fuse.kernels import jit
 from mla_fuse.kernels.conversions import round_float32, widen_to_float32
 
 
-@triton.jit
+@jit
 def pair_pointers(rows, row_mask, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, IS_NEOX: tl.constexpr):
     """Pointers and mask of the pair elements of ``rows [BT, BH]``.
 
@@ -50,7 +52,7 @@ def pair_pointers(rows, row_mask, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, 
         return rows[:, :, None] + r, mask
 
 
-@triton.jit
+@jit
 def store_pairs(rows, row_mask, pairs, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, IS_NEOX: tl.constexpr):
     """Store ``[BT, BH, BLOCK_HALF, 2]`` pairs into the rotary part of ``rows [BT, BH]``."""
     ptrs, mask = pair_pointers(rows, row_mask, HALF, BLOCK_HALF, IS_NEOX)
@@ -59,7 +61,7 @@ def store_pairs(rows, row_mask, pairs, HALF: tl.constexpr, BLOCK_HALF: tl.conste
     tl.store(ptrs, pairs, mask=mask)
 
 
-@triton.jit
+@jit
 def load_cos_sin(positions_ptr, cos_sin_ptr, tokens, token_mask, stride_position, stride_cos_sin_position,
                  HALF: tl.constexpr, BLOCK_HALF: tl.constexpr):
     """fp32 ``cos, sin [BLOCK_TOKENS, 1, BLOCK_HALF]``: the halves of row ``positions[t]`` of the table."""
@@ -75,7 +77,7 @@ def load_cos_sin(positions_ptr, cos_sin_ptr, tokens, token_mask, stride_position
     return cos[:, None, :], sin[:, None, :]
 
 
-@triton.jit
+@jit
 def rotate_in_place(rows, row_mask, cos, sin, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
                     IS_NEOX: tl.constexpr):
     """Rotate the rotary part of ``rows [BT, BH]`` in place.

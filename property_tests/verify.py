@@ -18,10 +18,10 @@ import sys
 import time
 import xml.etree.ElementTree as ElementTree
 
-from mla_fuse.implementation import OPERATIONS, resolve_spec
+from mla_fuse_conformance import profiles
+from mla_fuse_conformance.implementation import OPERATIONS, resolve_spec
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-SUITE_DIR = REPO_ROOT / "property_tests"
+SUITE_PACKAGE = "mla_fuse_conformance"
 GENERAL = "general"  # properties that belong to no single operation
 
 
@@ -113,21 +113,18 @@ def format_table(summaries: dict[str, OperationSummary]) -> str:
 
 def run_verify(impl: str | None, profile: str, report_dir: pathlib.Path, workers: str | None,
                extra_pytest_args: list[str]) -> int:
-    if not SUITE_DIR.is_dir():
-        print(f"mla_fuse verify: the suite is not at {SUITE_DIR}; run from a clone of the repository",
-              file=sys.stderr)
-        return 2
     spec = resolve_spec(impl)
     report_dir.mkdir(parents=True, exist_ok=True)
     for stale in report_dir.glob("properties-*.jsonl"):
         stale.unlink()
     junit = report_dir / "junit.xml"
-    command = [sys.executable, "-m", "pytest", str(SUITE_DIR), f"--impl={spec}", f"--hypothesis-profile={profile}",
+    command = [sys.executable, "-m", "pytest", "--pyargs", SUITE_PACKAGE, f"--impl={spec}",
+               f"--hypothesis-profile={profiles.full_name(profile)}",
                f"--junitxml={junit}", "-p", "no:cacheprovider", *(["-n", workers] if workers else []),
                *extra_pytest_args]
     print(f"mla_fuse verify: implementation {spec!r}, profile {profile!r}\n$ {' '.join(command)}", flush=True)
     started = time.monotonic()
-    returncode = subprocess.call(command, cwd=REPO_ROOT, env={**os.environ, "MLA_FUSE_REPORT_DIR": str(report_dir)})
+    returncode = subprocess.call(command, env={**os.environ, "MLA_FUSE_REPORT_DIR": str(report_dir)})
     elapsed = time.monotonic() - started
 
     summaries: dict[str, OperationSummary] = {}

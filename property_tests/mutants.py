@@ -4,7 +4,7 @@
 operations of CONTRACT §4 (fp32 math rounded once, explicit saturation before the fp8
 cast, cache writes by explicit address arithmetic on the cache's storage, like a
 kernel). Each mutant switches on exactly one bug from ``shared/BUGS.md``; ``MUTANTS``
-maps a name to its class, and ``mla_fuse.implementation`` registers each as
+maps a name to its class, and ``mla_fuse_conformance.implementation`` registers each as
 ``mutant:<name>``. ``mutant:none`` is the bug-free base: it must pass the whole suite,
 which shows every other mutant is caught for its bug and not for a broken base. The
 other ``HONEST`` variants declare and honour the other ``padded_rows`` and ``rounding``
@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from mla_fuse import validation
-from mla_fuse.implementation import OPERATION_ARGUMENTS
+from mla_fuse_conformance.protocol import OPERATION_ARGUMENTS
 
 FP8 = {  # format -> (torch float8 dtype, finite max, overflow code of a non-saturating cast)
     "e4m3": (torch.float8_e4m3fn, 448.0, 0x7F),

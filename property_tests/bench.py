@@ -17,8 +17,8 @@ T gives interpreter figures (no bandwidth). ``--interpreter-goal`` measures the
 project's interpreter-speed goal: the fused op within 10x of the eager reference
 at T=64, H=16, L=512, R=64, bf16, fp8 cache (both timed in one run).
 
-    python benchmarks/bench_mla.py [--out DIR] [--tokens 1 8 64] [--heads 16]
-    python benchmarks/bench_mla.py --interpreter-goal
+    mla-fuse bench [--out DIR] [--tokens 1 8 64] [--heads 16]
+    mla-fuse bench --interpreter-goal
 """
 
 from __future__ import annotations
@@ -26,17 +26,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from mla_fuse import ops  # noqa: E402, F401  (registers torch.ops.mla_fuse)
-from mla_fuse.kernels import INTERPRETED  # noqa: E402
-from reference import ops as ref_ops  # noqa: E402
-from reference.rope import plain_cos_sin_cache  # noqa: E402
+from mla_fuse import ops  # noqa: F401  (registers torch.ops.mla_fuse)
+from mla_fuse.kernels import INTERPRETED
+from mla_fuse_reference import ops as ref_ops
+from mla_fuse_reference.rope import plain_cos_sin_cache
 
 LATENT, ROTARY, NOPE = 512, 64, 128
 DECODE_TOKENS = (1, 8, 64, 256)

@@ -24,36 +24,18 @@ import importlib
 import os
 from typing import Any, Callable
 
-OPERATIONS = (
-    "rotary_embedding",
-    "concat_and_cache_mla",
-    "concat_and_cache_mla_rope_fused",
-    "reshape_and_cache_flash",
-    "rope_and_reshape_and_cache_flash",
-)
-# Positional argument names of each operation, exactly as in CONTRACT §4.
-OPERATION_ARGUMENTS = {
-    "rotary_embedding": ("positions", "query", "key", "head_size", "cos_sin_cache", "is_neox"),
-    "concat_and_cache_mla": ("kv_c", "k_pe", "kv_cache", "slot_mapping", "kv_cache_dtype", "scale"),
-    "concat_and_cache_mla_rope_fused": ("positions", "q_pe", "k_pe", "kv_c", "cos_sin_cache", "is_neox",
-                                        "slot_mapping", "kv_cache", "kv_cache_dtype", "kv_cache_scale"),
-    "reshape_and_cache_flash": ("key", "value", "key_cache", "value_cache", "slot_mapping", "kv_cache_dtype",
-                                "k_scale", "v_scale"),
-    "rope_and_reshape_and_cache_flash": ("positions", "query", "key", "value", "key_cache", "value_cache",
-                                         "slot_mapping", "cos_sin_cache", "is_neox", "kv_cache_dtype", "k_scale",
-                                         "v_scale"),
-}
-ROUNDING_MODES = ("single", "per_op")
-PADDED_ROW_MODES = ("rotated", "q_only", "skipped")
+from mla_fuse_conformance.protocol import OPERATION_ARGUMENTS, OPERATIONS, PADDED_ROW_MODES, ROUNDING_MODES
+
+__all__ = ["OPERATION_ARGUMENTS", "OPERATIONS", "Implementation", "describe", "load_implementation", "register",
+           "registered_names", "resolve_spec"]
 
 IMPL_ENV_VAR = "MLA_FUSE_IMPL"
 DEFAULT_IMPL = "triton"
 
-# Registered names resolve lazily to specs, so mla_fuse never imports the
-# reference (or the Triton kernels) unless that implementation is chosen.
+# Registered names resolve lazily to specs: nothing is imported until that implementation is chosen.
 _REGISTRY: dict[str, str] = {
-    "reference": "reference.adapter:ReferenceImplementation",
-    "triton": "mla_fuse.ops:TritonImplementation",
+    "reference": "mla_fuse_reference.adapter:ReferenceImplementation",
+    "triton": "mla_fuse_conformance.adapters.triton:TritonImplementation",
 }
 
 
@@ -96,15 +78,14 @@ class Implementation:
         return tuple(op for op in OPERATIONS if self.provides(op))
 
 
+MUTANTS_MODULE = "mla_fuse_conformance.mutants"
+
+
 def _register_mutants() -> None:
-    try:
-        mutants = importlib.import_module("mla_fuse.mutants")
-    except ModuleNotFoundError as error:
-        if error.name != "mla_fuse.mutants":
-            raise
-        return
-    for mutant_name in mutants.MUTANTS:
-        _REGISTRY.setdefault(f"mutant:{mutant_name}", f"mla_fuse.mutants:{mutants.MUTANTS[mutant_name].__name__}")
+    """``mutant:NAME`` for every mutant (imported only when a mutant is asked for or names are listed)."""
+    mutants = importlib.import_module(MUTANTS_MODULE)
+    for mutant_name, cls in mutants.MUTANTS.items():
+        _REGISTRY.setdefault(f"mutant:{mutant_name}", f"{MUTANTS_MODULE}:{cls.__name__}")
 
 
 def resolve_spec(spec: str | None) -> str:

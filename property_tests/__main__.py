@@ -1,0 +1,7 @@
+"""``python -m mla_fuse_conformance`` is ``mla-fuse``."""
+
+import sys
+
+from mla_fuse_conformance.cli import main
+
+sys.exit(main())
