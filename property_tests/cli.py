@@ -23,14 +23,25 @@ def add_verify(commands) -> None:
                         help="hypothesis profile (default: ci under CI=true, else dev)")
     verify.add_argument("--report-dir", type=pathlib.Path, default=pathlib.Path(".mla_fuse_reports"),
                         help="where report.json, junit.xml and the metric lines go (default: ./.mla_fuse_reports)")
-    verify.add_argument("-n", "--workers", default=None, help="pytest-xdist workers (e.g. auto)")
+    verify.add_argument("--require", default=None, metavar="OP[,OP]",
+                        help="operations that must be provided: a missing one fails instead of being skipped")
+    verify.add_argument("-n", "--workers", default=None,
+                        help="pytest-xdist workers (default: auto); a crashing kernel kills one worker, not the run")
+    verify.add_argument("--map-rounds", type=int, default=4,
+                        help="failing cells to look for per failing property (0: no conformance map, no limit checks)")
     verify.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
 
     def run(args) -> int:
+        from mla_fuse_conformance.implementation import ImplementationError, parse_required
         from mla_fuse_conformance.verify import run_verify
 
+        try:
+            require = parse_required(args.require)
+        except ImplementationError as error:
+            print(f"mla-fuse verify: {error}", file=sys.stderr)
+            return 2
         return run_verify(args.impl, args.profile or profiles.default_profile(), args.report_dir.absolute(),
-                          args.workers, args.pytest_args)
+                          args.workers, args.pytest_args, require, args.map_rounds)
 
     verify.set_defaults(run=run)
 

@@ -3,48 +3,135 @@
 Installed with the package, so ``pytest --pyargs mla_fuse_conformance --impl=SPEC`` works from
 any directory: the options are known before the suite's own ``conftest.py`` is found. It is
 loaded into every pytest session of an environment where mla_fuse is installed, so it only
-adds options, registers the ``mla_fuse.*`` hypothesis profiles (prefixed, so a project's own
-profiles are untouched), and prints the mutation self-test table when a session wrote one;
-everything else (fixtures, the default profile, failure files) lives in the suite's conftest
-and applies only when the suite is collected.
+
+* adds ``--impl`` and ``--require``, and loads the implementation when one is named (an
+  implementation that cannot be loaded stops the session with one line);
+* registers the ``mla_fuse.*`` hypothesis profiles (prefixed: a project's own profiles are untouched);
+* with ``$MLA_FUSE_REPORT_DIR`` set (``mla-fuse verify`` sets it), writes one JSON line per test
+  outcome to ``outcomes.jsonl`` there, from pytest's report hooks (on the xdist controller, so a
+  crashed worker's test is recorded too);
+* turns a crashed xdist worker into a failure file: the example it was running is saved before it
+  runs (``recording.inflight_path``), so it is attributed to its property and feature cell and
+  replays with ``mla-fuse repro``;
+* prints the mutation self-test table when a session wrote one.
+
+Fixtures, the default profile and failure files of failing properties live in the suite's conftest
+and apply only when the suite is collected.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sys
+import pathlib
 import uuid
 
-from mla_fuse_conformance.implementation import IMPL_ENV_VAR, resolve_spec
+import pytest
 
-try:  # without the `test` extra the plugin still loads (it is in every session), but does nothing
+from mla_fuse_conformance.implementation import (IMPL_ENV_VAR, ImplementationError, load_implementation,
+                                                 parse_required, resolve_spec)
+
+try:  # without the `test` extra the plugin still loads (it is in every session), but does little
     from mla_fuse_conformance import profiles, recording
 except ImportError:  # hypothesis is missing
     profiles = recording = None
 
 SESSION_ID = os.environ.setdefault("MLA_FUSE_SESSION_ID", uuid.uuid4().hex)
+OUTCOMES_FILE = "outcomes.jsonl"
+_IMPL = pytest.StashKey[object]()
 
 
 def pytest_addoption(parser):
     group = parser.getgroup("mla_fuse", "mla_fuse conformance suite")
     group.addoption(
         "--impl", default=None, metavar="SPEC",
-        help=f"implementation under test: a registered name (triton, reference, vllm, mutant:NAME) or "
-             f"'module.path:attr' (the current directory is importable); falls back to ${IMPL_ENV_VAR}, "
-             f"then 'triton'",
+        help=f"implementation under test: a registered name (triton, reference, vllm, flashinfer, sglang, "
+             f"mutant:NAME) or 'module.path:attr' (the current directory is importable); falls back to "
+             f"${IMPL_ENV_VAR}, then 'triton'",
+    )
+    group.addoption(
+        "--require", default=None, metavar="OP[,OP]",
+        help="operations the implementation must provide: a missing one fails instead of being skipped "
+             "(adds to the adapter's own `required`)",
     )
 
 
+def loaded_implementation(config):
+    """The implementation of this session, loaded once (``--impl``, ``--require``)."""
+    if _IMPL not in config.stash:
+        require = parse_required(config.getoption("--require"))
+        config.stash[_IMPL] = load_implementation(config.getoption("--impl"), require)
+    return config.stash[_IMPL]
+
+
 def pytest_configure(config):
-    # A 'module:attr' spec names the user's module; make the invocation directory importable,
-    # as `python -m pytest` would (xdist workers run this too).
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.append(os.getcwd())
+    if config.getoption("--impl") or config.getoption("--require") or os.environ.get(IMPL_ENV_VAR):
+        try:
+            loaded_implementation(config)
+        except ImplementationError as error:
+            raise pytest.UsageError(str(error)) from None
+    directory = os.environ.get("MLA_FUSE_REPORT_DIR")
+    if directory and recording is not None and not hasattr(config, "workerinput"):  # not an xdist worker
+        config.pluginmanager.register(SessionReport(config, pathlib.Path(directory)), "mla_fuse_session_report")
 
 
 def pytest_report_header(config):
     return f"mla_fuse implementation under test: {resolve_spec(config.getoption('--impl'))}"
+
+
+# ---------------------------------------------------------------- the session's report (mla-fuse verify)
+
+
+class SessionReport:
+    """Writes ``outcomes.jsonl`` and the failure files of crashed workers (registered on the
+    controller, or on the only process without xdist, when ``$MLA_FUSE_REPORT_DIR`` is set)."""
+
+    def __init__(self, config, directory: pathlib.Path) -> None:
+        self.config = config
+        self.path = directory / OUTCOMES_FILE
+
+    def pytest_runtest_logreport(self, report):
+        if not (report.when == "call" or report.outcome != "passed"):
+            return
+        extras = dict(report.user_properties)
+        line = {"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
+                "duration": round(getattr(report, "duration", 0.0), 3), "metrics": extras.get("mla_fuse_metrics"),
+                "failure": extras.get("mla_fuse_failure")}
+        if report.outcome == "skipped" and isinstance(report.longrepr, tuple):
+            line["reason"] = str(report.longrepr[2])
+        elif report.failed:
+            line["message"] = str(getattr(report, "longreprtext", ""))[-2000:]
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a") as stream:
+            stream.write(json.dumps(line, sort_keys=True) + "\n")
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_handlecrashitem(self, crashitem, report, sched):
+        """xdist: a worker died running ``crashitem``; the example it was running is in its in-flight
+        file. Save it as a failure file, attributed to the property and the case's features."""
+        record = crashed_example(crashitem)
+        if record is None:
+            return
+        profile = self.config.getoption("hypothesis_profile", None) or profiles.full_name(profiles.default_profile())
+        failure = dict(record, kind="crashed", error_type="crash",
+                       error=f"the worker process died running this example ({report.longrepr})")
+        saved = recording.save_failure(failure, crashitem, profile)
+        report.sections.append(("mla_fuse: reproduce this failure",
+                                recording.describe_failure(failure, saved, crashitem, profile)))
+        report.user_properties.append(("mla_fuse_failure", dict(failure, file=str(saved))))
+
+
+def crashed_example(nodeid: str) -> dict | None:
+    """The in-flight example a dead process left for test ``nodeid`` (and remove it)."""
+    for path in sorted(recording.failure_dir().glob("inflight-*.json")):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if record.get("nodeid") == nodeid:
+            path.unlink(missing_ok=True)
+            return record
+    return None
 
 
 def pytest_terminal_summary(terminalreporter):
