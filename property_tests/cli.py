@@ -27,7 +27,7 @@ def add_verify(commands) -> None:
                         help="operations that must be provided: a missing one fails instead of being skipped")
     verify.add_argument("-n", "--workers", default=None,
                         help="pytest-xdist workers (default: auto); a crashing kernel kills one worker, not the run")
-    verify.add_argument("--map-rounds", type=int, default=4,
+    verify.add_argument("--map-rounds", type=int, default=6,
                         help="failing cells to look for per failing property (0: no conformance map, no limit checks)")
     verify.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
 

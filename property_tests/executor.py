@@ -19,7 +19,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-import traceback
 
 from hypothesis import reject
 
@@ -38,7 +37,7 @@ class RaisedInChild(Exception):
     """The implementation raised ``original_type`` (not an assertion of the suite)."""
 
     def __init__(self, original_type: str, message: str) -> None:
-        super().__init__(f"{original_type}: {message}")
+        super().__init__(message)
         self.original_type = original_type
 
 
@@ -95,12 +94,14 @@ class Executor:
             self.connection.close()
         self.process = self.connection = None
 
-    def run(self, prop_name: str, case) -> None:
-        """Run one example; raise what it raised (see the module docstring), inside hypothesis too."""
+    def run(self, prop_name: str, case, within_limits: bool = True) -> None:
+        """Run one example; raise what it raised (see the module docstring), inside hypothesis too.
+        ``within_limits=False``: a case outside the declared limits, on purpose (limit checks)."""
         if self.process is None or not self.process.is_alive():
             self._start()
         try:
-            self.connection.send({"property": prop_name, "case": case_types.to_jsonable(case)})
+            self.connection.send({"property": prop_name, "case": case_types.to_jsonable(case),
+                                  "within_limits": within_limits})
             result = self.connection.recv()
         except (EOFError, OSError, BrokenPipeError):
             self.process.join()
@@ -138,7 +139,7 @@ def _serve(connection, impl_spec: str, device_name: str, require: tuple[str, ...
         prop = property_named(request["property"])
         case = case_types.from_jsonable(request["case"])
         try:
-            prop.run(impl, device, case)
+            prop.run(impl, device, case, request["within_limits"])
             reply = {"status": "passed"}
         except AssertionError as error:
             reply = {"status": "failed", "message": str(error)}
@@ -147,6 +148,5 @@ def _serve(connection, impl_spec: str, device_name: str, require: tuple[str, ...
         except NotProvided as reason:
             reply = {"status": "not provided", "message": str(reason)}
         except Exception as error:  # noqa: BLE001 - what the kernel raised is the finding
-            reply = {"status": "raised", "type": type(error).__name__,
-                     "message": "".join(traceback.format_exception_only(error)).strip()[-4000:]}
+            reply = {"status": "raised", "type": type(error).__name__, "message": str(error).strip()[-4000:]}
         connection.send(reply)

@@ -129,12 +129,13 @@ class Property:
         if self.needs_input_checks and not impl.checks_inputs:
             raise NotProvided(f"{impl.name} declares checks_inputs=False: the bad-input rule does not apply")
 
-    def run(self, impl, device, case):
-        """One example, outside or inside hypothesis: skip, note, events, record a failure."""
+    def run(self, impl, device, case, within_limits: bool = True):
+        """One example, outside or inside hypothesis: skip, note, events, record a failure.
+        ``within_limits=False`` runs a case outside the declared limits (the limit checks)."""
         # stats first, so that a skip is reported under this property's operations too
         stats = RECORDER.stats_for(self, impl, getattr(case, "corruption", None))
         self.check_provided(impl)
-        if not self.allows(impl, case):  # an explicit example outside the declared limits
+        if within_limits and not self.allows(impl, case):  # an explicit example outside the declared limits
             assume(False)
         stats.examples += 1
         note(f"case = {case!r}")

@@ -45,6 +45,7 @@ _REGISTRY: dict[str, str] = {
     "reference": "mla_fuse_reference.adapter:ReferenceImplementation",
     "triton": "mla_fuse_conformance.adapters.triton:TritonImplementation",
     "vllm": "mla_fuse_conformance.adapters.vllm:VllmImplementation",
+    "vllm-cpu-amx": "mla_fuse_conformance.adapters.vllm:VllmCpuAmxImplementation",
     "flashinfer": "mla_fuse_conformance.adapters.flashinfer:FlashInferImplementation",
     "sglang": "mla_fuse_conformance.adapters.sglang:SglangImplementation",
 }

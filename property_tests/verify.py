@@ -172,8 +172,8 @@ def run_maps(impl, outcomes: list[dict], profile: str, rounds: int) -> tuple[lis
                 continue
             for axis, values in impl.caps(op).restrictions(prop.rotates).items():
                 for value in values:
-                    limits.append(check_limit(prop, impl, lambda case, p=prop: executor.run(p.name, case), op,
-                                              axis, value))
+                    limits.append(check_limit(prop, impl, lambda case, p=prop: executor.run(p.name, case, False),
+                                              op, axis, value))
     return maps, limits
 
 
@@ -182,7 +182,7 @@ def _import_properties() -> None:
 
 
 def run_verify(impl_spec: str | None, profile: str, report_dir: pathlib.Path, workers: str | None,
-               extra_pytest_args: list[str], require: tuple[str, ...] = (), map_rounds: int = 4) -> int:
+               extra_pytest_args: list[str], require: tuple[str, ...] = (), map_rounds: int = 6) -> int:
     try:
         impl = load_implementation(impl_spec, require)
     except ImplementationError as error:
@@ -226,7 +226,8 @@ def print_report(impl, profile, elapsed, summaries, outcomes, maps, limits, fail
             print(f"  {failure['property']}: {failure['kind']} on {describe(failure.get('features', {}))}\n"
                   f"      replay: {recording.replay_command(pathlib.Path(failure['file']))}")
         for line in others:
-            print(f"  {line['nodeid']}: failed ({(line.get('message') or '').strip().splitlines()[-1:] or ['']})")
+            errors = [text[1:].strip() for text in (line.get("message") or "").splitlines() if text.startswith("E ")]
+            print(f"  {line['nodeid']}: failed" + (f": {errors[0][:300]}" if errors else ""))
     if maps:
         print("\nconformance map (failing cells, each with a replay file; then the feature values of passing examples):")
         for property_map in maps:
