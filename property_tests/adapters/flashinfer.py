@@ -101,7 +101,7 @@ def written_rows(batch_indices, positions, *rows_of):
     """The arguments of a plain append restricted to the tokens it must write (``batch_indices >= 0``);
     unchanged when every token is written, so strided inputs reach the kernel as they are."""
     keep = batch_indices >= 0
-    if True:
+    if bool(keep.all()):  # host sync
         return (batch_indices, positions, *rows_of)
     rows = keep.nonzero().squeeze(1)
     return (batch_indices[rows], positions[rows], *(tensor.index_select(0, rows) for tensor in rows_of))
