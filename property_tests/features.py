@@ -304,6 +304,18 @@ def _set_scale(case, value):
                    v_scale=ScaleSpec(per_head=case.v_scale.per_head))
 
 
+def _kv_scales(case):
+    if not isinstance(case, FlashCase) or case.kv_cache_dtype not in FP8_CACHE_DTYPES:
+        return None
+    return "equal" if case.k_scale == case.v_scale else "differ"
+
+
+def _set_kv_scales(case, value):
+    if value == "equal":
+        return replace(case, v_scale=case.k_scale)
+    return replace(case, v_scale=replace(case.k_scale, log2=case.k_scale.log2 + 1))
+
+
 def _padding(case):
     return None if _is_rope(case) else case.slots.padding
 
@@ -352,6 +364,7 @@ AXES: tuple[Axis, ...] = (
     Axis("fp8 storage", ("uint8", "float8"), _fp8_storage, _set_fp8_storage),
     Axis("scale", ("1", "other"), _scale, _set_scale),
     Axis("per-head scales", ("no", "yes"), _per_head_scales, _set_per_head_scales),
+    Axis("K, V scales", ("equal", "differ"), _kv_scales, _set_kv_scales),
     Axis("cache layout", ("contiguous", "view into a pool", "K and V in one pool"), _cache_layout,
          _set_cache_layout),
     Axis("cache order", ("NHD", "HND", "other"), _cache_order, _set_cache_order),

@@ -37,10 +37,12 @@ from hypothesis.errors import InvalidArgument
 from mla_fuse_conformance.protocol import OPERATION_ARGUMENTS
 from mla_fuse.validation import CHECK_VALUES_ENV_VAR
 from mla_fuse_conformance import build as builder
-from mla_fuse_conformance import comparisons, corruptions, oracle, strategies
+from mla_fuse_conformance import comparisons, corruptions, oracle, profiles, strategies
 from mla_fuse_conformance.cases import BadInputCase, FlashCase, MlaCase
 from mla_fuse_conformance.features import features
 from mla_fuse_conformance.recording import RECORDER
+
+profiles.select_default()  # before the test modules read settings.default
 
 
 # The suite builds one buffer per name; the fused MLA op calls its scale buffer kv_cache_scale.
@@ -217,8 +219,8 @@ def prop(*operations: str, cases, examples=()):
         registered = Property(_property_name(body), operations, (cases,), body, tuple(examples))
         PROPERTIES[registered.name] = registered
 
-        def test(impl, device, case):
-            _run_or_skip(registered, impl, device, case)
+        def test(mla_fuse_impl, mla_fuse_device, case):
+            _run_or_skip(registered, mla_fuse_impl, mla_fuse_device, case)
 
         test = given(case=_session_strategy(registered))(_named_like(test, body))
         for case in reversed(registered.examples):
@@ -241,11 +243,11 @@ def bad_input_prop(operation: str, examples_per_corruption: int):
         PROPERTIES[registered.name] = registered
         bases = Property(registered.name, (operation,), (strategies.BASE_CASES[operation](),), body)
 
-        def test(impl, device, corruption, base):
-            _run_or_skip(registered, impl, device, BadInputCase(operation, corruption, base))
+        def test(mla_fuse_impl, mla_fuse_device, corruption, base):
+            _run_or_skip(registered, mla_fuse_impl, mla_fuse_device, BadInputCase(operation, corruption, base))
 
         test = given(base=_session_strategy(bases))(_named_like(test, body))
-        # settings.default is the selected profile by now (profiles load before collection)
+        # settings.default is the selected profile by now (profiles.select_default() at import)
         examples = max(examples_per_corruption, settings.default.max_examples // 25)
         test = settings(max_examples=examples)(test)
         return pytest.mark.parametrize("corruption", names)(test)

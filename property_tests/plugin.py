@@ -1,7 +1,7 @@
 """The pytest plugin of the conformance suite (entry point ``pytest11: mla_fuse``).
 
 Installed with the package, so ``pytest --pyargs mla_fuse_conformance --impl=SPEC`` works from
-any directory: the options are known before the suite's own ``conftest.py`` is found. It is
+any directory: the options are known before any test module is imported. It is
 loaded into every pytest session of an environment where mla_fuse is installed, so it only
 
 * adds ``--impl`` and ``--require``, and loads the implementation when one is named (an
@@ -13,10 +13,13 @@ loaded into every pytest session of an environment where mla_fuse is installed, 
 * turns a crashed xdist worker into a failure file: the example it was running is saved before it
   runs (``recording.inflight_path``), so it is attributed to its property and feature cell and
   replays with ``mla-fuse repro``;
+* provides the suite's fixtures, ``mla_fuse_impl`` (the implementation under test; the properties
+  draw within its declared capabilities) and ``mla_fuse_device``, and writes the failure file of a
+  failing property (the hooks act only on examples the suite ran);
 * prints the mutation self-test table when a session wrote one.
 
-Fixtures, the default profile and failure files of failing properties live in the suite's conftest
-and apply only when the suite is collected.
+The suite has no conftest.py: pytest does not load one from a package outside the rootdir (as
+an installed suite run with ``--pyargs`` from the user's directory is), a plugin always loads.
 """
 
 from __future__ import annotations
@@ -65,6 +68,8 @@ def loaded_implementation(config):
 
 
 def pytest_configure(config):
+    if recording is not None:
+        recording.RECORDER.track_inflight = True
     if config.getoption("--impl") or config.getoption("--require") or os.environ.get(IMPL_ENV_VAR):
         try:
             loaded_implementation(config)
@@ -75,8 +80,66 @@ def pytest_configure(config):
         config.pluginmanager.register(SessionReport(config, pathlib.Path(directory)), "mla_fuse_session_report")
 
 
-def pytest_report_header(config):
-    return f"mla_fuse implementation under test: {resolve_spec(config.getoption('--impl'))}"
+def pytest_report_collectionfinish(config, items):
+    if not any(item.nodeid and "mla_fuse_impl" in getattr(item, "fixturenames", ()) for item in items):
+        return None
+    from hypothesis import settings
+
+    from mla_fuse_conformance import strategies
+    from mla_fuse_conformance.devices import select_device
+
+    return (f"mla_fuse: implementation {resolve_spec(config.getoption('--impl'))}, hypothesis profile "
+            f"{settings.get_current_profile_name()!r}, sizes "
+            f"{'large' if strategies.limits() is strategies.LARGE else 'small'}, device {select_device()}")
+
+
+# ---------------------------------------------------------------- fixtures and failure files of the suite
+
+
+@pytest.fixture(scope="session")
+def mla_fuse_impl(request):
+    """The implementation under test (``implementation.Implementation``); the properties draw
+    within its declared capabilities."""
+    from mla_fuse_conformance import harness
+
+    loaded = loaded_implementation(request.config)
+    harness.use_implementation(loaded)
+    return loaded
+
+
+@pytest.fixture(scope="session")
+def mla_fuse_device():
+    """CUDA if available (xdist worker N uses GPU N % count), else the CPU; $MLA_FUSE_DEVICE overrides."""
+    from mla_fuse_conformance.devices import select_device
+
+    return select_device()
+
+
+def pytest_runtest_setup(item):
+    if recording is not None:
+        recording.RECORDER.reset()
+        recording.RECORDER.nodeid = item.nodeid
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    recorder = recording.RECORDER if recording is not None else None
+    if report.when != "call" or recorder is None or recorder.stats is None:
+        return  # not an example of the suite
+    from hypothesis import settings
+
+    failure_file = None
+    if report.failed and recorder.last_failure is not None:
+        profile = settings.get_current_profile_name()
+        failure_file = recording.save_failure(recorder.last_failure, item.nodeid, profile)
+        report.sections.append(("mla_fuse: reproduce this failure",
+                                recording.describe_failure(recorder.last_failure, failure_file, item.nodeid, profile)))
+    # read by SessionReport.pytest_runtest_logreport (on the xdist controller too)
+    report.user_properties.append(("mla_fuse_metrics", recorder.stats.as_record(report.outcome)))
+    if failure_file is not None:
+        report.user_properties.append(("mla_fuse_failure", dict(recorder.last_failure, file=str(failure_file))))
 
 
 # ---------------------------------------------------------------- the session's report (mla-fuse verify)

@@ -69,6 +69,13 @@ def default_profile() -> str:
     return "ci" if os.environ.get("CI", "").lower() in ("1", "true", "yes") else "dev"
 
 
+def select_default() -> None:
+    """Load the default profile when none was chosen (``--hypothesis-profile`` loads one before the
+    suite's modules are imported; hypothesis' own ``default`` means nobody chose)."""
+    if settings.get_current_profile_name() == "default":
+        settings.load_profile(full_name(default_profile()))
+
+
 def ci_settings(**overrides) -> settings:
     """The ci profile, for callers outside pytest's profile selection (the mutant self-test)."""
     return settings(settings.get_profile(PREFIX + "ci"), **overrides)

@@ -1,7 +1,7 @@
 """What the properties leave behind: failure files for replay, in-flight examples, and metrics.
 
 Failures. The last failing example of a property (hypothesis replays the shrunk one last) is
-kept here; the suite's conftest writes it to ``$MLA_FUSE_FAILURE_DIR`` (default
+kept here; the suite's pytest plugin writes it to ``$MLA_FUSE_FAILURE_DIR`` (default
 ``.mla_fuse_failures/`` under the current directory) as a small JSON file: property,
 implementation, device, the case with its seed, its feature values and how it failed (a wrong
 result, what the kernel raised, or a crash). ``mla-fuse repro FILE`` replays it without hypothesis.
@@ -98,7 +98,7 @@ class Recorder:
     def __init__(self) -> None:
         self.reset()
 
-    track_inflight = False  # write each example before it runs (the suite's conftest and the map turn it on)
+    track_inflight = False  # write each example before it runs (the suite's plugin turns it on)
 
     def reset(self) -> None:
         self.stats: PropertyStats | None = None

@@ -81,7 +81,8 @@ def _huge_cache_like(small: torch.Tensor, limit: int) -> tuple[torch.Tensor, int
     (dataclasses.replace(FLASH, kv_cache_dtype="auto", cache_storage="source"), "reshape_and_cache_flash",
      ("key_cache", "value_cache")),
 ], ids=["mla-fused-fp8", "mla-auto", "flash-fused-fp8", "flash-auto"])
-def test_cache_entries_past_the_threshold(impl, device, case, operation, caches):
+def test_cache_entries_past_the_threshold(mla_fuse_impl, mla_fuse_device, case, operation, caches):
+    impl, device = mla_fuse_impl, mla_fuse_device
     case = _require(impl, operation, case)
     limit = threshold(device, 2 * len(caches) * (1 if case.kv_cache_dtype != "auto" else 2))
     small = _checked_small_run(impl, case, operation, device)
@@ -106,7 +107,8 @@ def test_cache_entries_past_the_threshold(impl, device, case, operation, caches)
             f"{name}: a write landed outside the written entries (wrapped address?)"
 
 
-def test_query_rows_a_huge_stride_apart(impl, device):
+def test_query_rows_a_huge_stride_apart(mla_fuse_impl, mla_fuse_device):
+    impl, device = mla_fuse_impl, mla_fuse_device
     case = _require(impl, "rotary_embedding", ROPE)
     limit = threshold(device, 2 * 2)
     small = _checked_small_run(impl, case, "rotary_embedding", device)
