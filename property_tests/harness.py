@@ -136,7 +136,11 @@ class Property:
         ``within_limits=False`` runs a case outside the declared limits (the limit checks)."""
         # stats first, so that a skip is reported under this property's operations too
         stats = RECORDER.stats_for(self, impl, getattr(case, "corruption", None))
-        self.check_provided(impl)
+        try:
+            self.check_provided(impl)
+        except RequiredOperationMissing as error:
+            RECORDER.failed(self, impl, device, case, error)
+            raise
         if within_limits and not self.allows(impl, case):  # an explicit example outside the declared limits
             assume(False)
         stats.examples += 1
