@@ -62,16 +62,17 @@ def add_repro(commands) -> None:
 
 
 def add_bench(commands) -> None:
-    bench = commands.add_parser("bench", help="time the fused op against the unfused pair and the reference")
-    bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="arguments of mla_fuse_conformance.bench")
+    bench = commands.add_parser("bench", add_help=False,
+                                help="time the fused op against the unfused pair and the reference "
+                                     "(its arguments: mla-fuse bench --help)")
 
     def run(args) -> int:
         from mla_fuse_conformance import bench as benchmark
 
-        benchmark.main(args.bench_args)
+        benchmark.main(args.passed_on)
         return 0
 
-    bench.set_defaults(run=run)
+    bench.set_defaults(run=run, passes_on=True)
 
 
 COMMANDS = (add_verify, add_repro, add_bench)
@@ -82,7 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     for add in COMMANDS:
         add(commands)
-    args = parser.parse_args(argv)
+    args, passed_on = parser.parse_known_args(argv)
+    if passed_on and not getattr(args, "passes_on", False):
+        parser.error(f"unrecognized arguments: {' '.join(passed_on)}")
+    args.passed_on = passed_on  # a command that hands its arguments to another parser (bench)
     if "" not in sys.path:
         sys.path.insert(0, "")  # the current directory, as `python -m` has it
     return args.run(args)
