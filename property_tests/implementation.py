@@ -36,6 +36,7 @@ DEFAULT_IMPL = "triton"
 _REGISTRY: dict[str, str] = {
     "reference": "mla_fuse_reference.adapter:ReferenceImplementation",
     "triton": "mla_fuse_conformance.adapters.triton:TritonImplementation",
+    "triton-cpu-fast": "mla_fuse_conformance.adapters.triton_cpu_fast:TritonCpuFastImplementation",
 }
 
 
