@@ -259,7 +259,8 @@ def machine() -> str:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", choices=["properties", "mla"], help="one of the two measurements")
-    parser.add_argument("--impl", nargs="+", help="implementations (default: triton triton-cpu-fast on CPU, triton on GPU)")
+    parser.add_argument("--impl", nargs="+",
+                        help="implementations (default: triton triton-cpu-fast on CPU, triton on GPU)")
     parser.add_argument("--examples", type=int, default=30, help="examples per property per run (default 30)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per property (default 3)")
     parser.add_argument("--match", default="", help="only properties whose name contains this")

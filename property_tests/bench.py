@@ -126,8 +126,8 @@ def eager_fused_mla(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, slot_ma
     entries = torch.cat((kv_c, k_pe), -1).float() / kv_cache_scale
     codes = entries.clamp(-max_finite, max_finite).to(float8).view(torch.uint8)
     write = slot_mapping >= 0
-    slots = slot_mapping[write]
-    kv_cache.view(torch.uint8)[slots // kv_cache.size(1), slots % kv_cache.size(1)] = codes[: slot_mapping.numel()][write]
+    slots, block_size = slot_mapping[write], kv_cache.size(1)
+    kv_cache.view(torch.uint8)[slots // block_size, slots % block_size] = codes[: slot_mapping.numel()][write]
 
 
 def time_cpu(fn, repeats: int = 7) -> float:

@@ -102,11 +102,13 @@ def rotate_values_through(impl, values: torch.Tensor, dtype: torch.dtype) -> tor
 def test_rounding_same_bits(dtype):
     values = hard_float32_values()
     kernels, fast = rotate_values_through(KERNELS, values, dtype), rotate_values_through(FAST, values, dtype)
-    differs = (kernels.view(torch.int16) != fast.view(torch.int16)).nonzero()
-    assert differs.numel() == 0, (
-        f"round to {dtype}: {differs.numel()} values differ; first: 0x{int(values.view(torch.int32)[differs[0]]) & 0xFFFFFFFF:08x}"
-        f" -> kernels 0x{int(kernels.view(torch.int16)[differs[0]]) & 0xFFFF:04x}, fast path "
-        f"0x{int(fast.view(torch.int16)[differs[0]]) & 0xFFFF:04x}")
+    kernel_bits, fast_bits = (x.view(torch.int16).to(torch.int64) & 0xFFFF for x in (kernels, fast))
+    differs = (kernel_bits != fast_bits).nonzero()
+    if differs.numel():
+        i = int(differs[0])
+        raise AssertionError(f"round to {dtype}: {differs.numel()} values differ; first: "
+                             f"0x{int(values.view(torch.int32)[i]) & 0xFFFFFFFF:08x} -> kernels "
+                             f"0x{int(kernel_bits[i]):04x}, fast path 0x{int(fast_bits[i]):04x}")
 
 
 def fp8_boundaries(kv_cache_dtype: str, scale: float) -> torch.Tensor:
@@ -139,6 +141,7 @@ def test_quantize_same_bits(kv_cache_dtype, scale):
     kernels = quantize_values_through(KERNELS, values, kv_cache_dtype, scale)
     fast = quantize_values_through(FAST, values, kv_cache_dtype, scale)
     differs = (kernels != fast).nonzero()
-    assert differs.numel() == 0, (
-        f"quantize {kv_cache_dtype} scale {scale}: {differs.numel()} codes differ; first: "
-        f"{float(values[differs[0]])!r} -> kernels 0x{int(kernels[differs[0]]):02x}, fast 0x{int(fast[differs[0]]):02x}")
+    if differs.numel():
+        i = int(differs[0])
+        raise AssertionError(f"quantize {kv_cache_dtype} scale {scale}: {differs.numel()} codes differ; first: "
+                             f"{float(values[i])!r} -> kernels 0x{int(kernels[i]):02x}, fast path 0x{int(fast[i]):02x}")
