@@ -44,6 +44,7 @@ DEFAULT_IMPL = "triton"
 _REGISTRY: dict[str, str] = {
     "reference": "mla_fuse_reference.adapter:ReferenceImplementation",
     "triton": "mla_fuse_conformance.adapters.triton:TritonImplementation",
+    "triton-cpu-fast": "mla_fuse_conformance.adapters.triton_cpu_fast:TritonCpuFastImplementation",
     "vllm": "mla_fuse_conformance.adapters.vllm:VllmImplementation",
     "vllm-cpu-amx": "mla_fuse_conformance.adapters.vllm:VllmCpuAmxImplementation",
     "flashinfer": "mla_fuse_conformance.adapters.flashinfer:FlashInferImplementation",
