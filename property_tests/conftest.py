@@ -9,6 +9,7 @@ import pytest
 from hypothesis import settings
 
 from mla_fuse_conformance import profiles, recording, strategies
+from mla_fuse_conformance.database import key_by_suite_node_id
 from mla_fuse_conformance.devices import select_device
 from mla_fuse_conformance.implementation import load_implementation
 from mla_fuse_conformance.recording import RECORDER
@@ -38,6 +39,11 @@ def pytest_report_header(config):
 
 def pytest_runtest_setup(item):
     RECORDER.reset()
+
+
+@pytest.hookimpl(tryfirst=True)  # after hypothesis' own hook wrapper has set its key
+def pytest_runtest_call(item):
+    key_by_suite_node_id(item)  # one example-database key per property, the key HypoFuzz uses
 
 
 @pytest.hookimpl(hookwrapper=True)
