@@ -38,7 +38,9 @@ REPLAY_PHASES = (Phase.reuse,)
 
 
 def _common() -> dict:
-    return dict(deadline=None, print_blob=True,
+    # parent: hypothesis' own defaults. Without it a profile inherits the one loaded when it is
+    # registered, and under CI=true hypothesis loads its `ci` profile at import (derandomize=True).
+    return dict(parent=settings.get_profile("default"), deadline=None, print_blob=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 

@@ -8,6 +8,9 @@ The campaign itself runs in tests/test_fuzz_redis.py.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import zipfile
 
 import pytest
@@ -20,7 +23,7 @@ from hypothesis.internal.reflection import function_digest
 
 import mla_fuse_conformance.test_flash as flash_properties
 import mla_fuse_conformance.test_mla as mla_properties
-from mla_fuse_conformance import cli, database, fuzz
+from mla_fuse_conformance import cli, database, fuzz, profiles
 
 NODEID = "test_flash.py::test_fused_flash_matches_reference"
 
@@ -62,6 +65,16 @@ def test_a_read_only_runner_reads_the_shared_database_and_writes_only_locally(tm
 def test_the_replay_profile_only_replays_the_database():
     replay = settings.get_profile("mla_fuse.replay")
     assert tuple(replay.phases) == (Phase.reuse,) and replay.database is not None
+
+
+def test_under_ci_only_the_ci_profile_is_derandomized():
+    """Hypothesis loads its own `ci` profile at import when CI is set; ours must not inherit it
+    (HypoFuzz refuses derandomized tests, and dev/gpu/nightly are random by design)."""
+    check = ("import json; from hypothesis import settings; import mla_fuse_conformance.profiles as p; "
+             "print(json.dumps({n: settings.get_profile(p.full_name(n)).derandomize for n in p.NAMES}))")
+    shown = subprocess.run([sys.executable, "-c", check], env={**os.environ, "CI": "true"}, capture_output=True,
+                           text=True, check=True).stdout
+    assert json.loads(shown) == {name: name == "ci" for name in profiles.NAMES}
 
 
 # ---------------------------------------------------------------- one key per property
