@@ -12,7 +12,7 @@ import argparse
 import pathlib
 import sys
 
-from mla_fuse_conformance import profiles
+from mla_fuse_conformance import fuzz, profiles
 
 
 def add_verify(commands) -> None:
@@ -75,7 +75,7 @@ def add_bench(commands) -> None:
     bench.set_defaults(run=run, passes_on=True)
 
 
-COMMANDS = (add_verify, add_repro, add_bench)
+COMMANDS = (add_verify, add_repro, add_bench, *fuzz.COMMANDS)
 
 
 def main(argv: list[str] | None = None) -> int:

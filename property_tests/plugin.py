@@ -70,6 +70,7 @@ def loaded_implementation(config):
 def pytest_configure(config):
     if recording is not None:
         recording.RECORDER.track_inflight = True
+        profiles.EXPLICIT = config.getoption("hypothesis_profile", None) is not None
     if config.getoption("--impl") or config.getoption("--require") or os.environ.get(IMPL_ENV_VAR):
         try:
             loaded_implementation(config)
@@ -119,6 +120,14 @@ def pytest_runtest_setup(item):
     if recording is not None:
         recording.RECORDER.reset()
         recording.RECORDER.nodeid = item.nodeid
+
+
+@pytest.hookimpl(tryfirst=True)  # after hypothesis' own hook wrapper has set its key
+def pytest_runtest_call(item):
+    if profiles is not None and "mla_fuse_impl" in getattr(item, "fixturenames", ()):
+        from mla_fuse_conformance.database import key_by_suite_node_id
+
+        key_by_suite_node_id(item)  # one example-database key per property, the key HypoFuzz uses
 
 
 @pytest.hookimpl(hookwrapper=True)
