@@ -168,19 +168,27 @@ def one_scale(*scales: torch.Tensor) -> float:
 # key.view(...) unconditionally (no key=None). csrc/rope.cu, apply_rope_pos_ids_cos_sin_cache: inputs dispatched
 # for float16/bfloat16 only (DISPATCH_DLPACK_DTYPE_TO_CTYPE_FP16), positions int32 or int64, CHECK_INPUT(pos_ids)
 # (contiguous). pos_enc.cuh: nnz = 0 gives a grid of 0 blocks, an invalid launch.
+# Sizes (``rope_size_problem`` below): head sizes 64/128/256 rotate 8-lane vectors, so widths that are
+# multiples of 16 suit both styles.
 ROPE = Capabilities(dtypes=HALF_DTYPES, table_dtypes="float32", key_optional=False, strided_index_tensors=False,
-                    empty_batch=False)
+                    empty_batch=False, head_sizes=(64, 128, 256), rotary_dims=(16, 32, 64, 128))
 # csrc/rope.cu, rope_quantize_append_paged_kv_cache: "Output dtype must be float8_e4m3fn or float8_e5m2" and
 # rope.py: the caches must have that dtype; one float quant_scale_kv (no per-head scales). The MHA path writes V
 # over rope_dim + no_rope_dim = D elements per head (pos_enc.cuh, "V processing"): Dv = D only.
-FUSED_MLA = dataclasses.replace(ROPE, kv_cache_dtypes=tuple(FP8_DTYPES), per_head_scales=False)
+# Sizes (``fused_size_problem``): R a multiple of 32 suits both styles, the non-rotary part a multiple of R.
+FUSED_MLA = dataclasses.replace(ROPE, kv_cache_dtypes=tuple(FP8_DTYPES), per_head_scales=False, rotary_dims=(32, 64),
+                                latent_dims=(128, 256, 512))
 FUSED_FLASH = dataclasses.replace(FUSED_MLA, distinct_value_head_size=False)
 # csrc/page.cu: the cache dtype is dispatched (DISPATCH_DLPACK_DTYPE_TO_CTYPE: no float32) and the appended rows
 # are read as that type: source bits only. page.cuh, AppendPagedKVCache(/Mla): the grid is
 # min(occupancy, ceil_div(nnz, num_sms)) * num_sms blocks, 0 for nnz = 0. append_paged_kv_cache checks
 # append_value.size(2) == head_dim (page.cu): Dv = D only.
-APPEND_MLA = Capabilities(dtypes=HALF_DTYPES, kv_cache_dtypes=("auto", *HALF_DTYPES), empty_batch=False)
-APPEND_FLASH = dataclasses.replace(APPEND_MLA, distinct_value_head_size=False)
+# flashinfer/page.py: append_paged_mla_kv_cache only L = 512, R = 64; append_paged_kv_cache head sizes 64, 128,
+# 256, 512 (DISPATCH_HEAD_DIM raises for others).
+APPEND_MLA = Capabilities(dtypes=HALF_DTYPES, kv_cache_dtypes=("auto", *HALF_DTYPES), empty_batch=False,
+                          latent_dims=(512,), rotary_dims=(64,))
+APPEND_FLASH = dataclasses.replace(APPEND_MLA, distinct_value_head_size=False, latent_dims=None, rotary_dims=None,
+                                   head_sizes=(64, 128, 256, 512))
 
 
 class FlashInferImplementation:
