@@ -381,7 +381,7 @@ def _repeated_slot_message(op: str, slot_mapping: torch.Tensor, repeats: int) ->
 
 # ---------------------------------------------------------------- layouts already checked
 
-_KNOWN_LAYOUTS: dict[str, dict[tuple, None]] = {}  # checker name -> layouts it passed, oldest first
+_KNOWN_LAYOUTS: dict[str, dict[tuple, None]] = {}  # checker name -> layouts it passed
 
 
 def forget_layouts() -> None:
@@ -425,7 +425,7 @@ def _remembering_layouts(checker):
         checker(*args, check_values=False)
         if key is not None:
             if len(known) >= KNOWN_LAYOUTS_PER_OPERATION:
-                del known[next(iter(known))]
+                known.clear()  # start over (atomic: calls from several threads stay safe)
             known[key] = None
 
     return check
