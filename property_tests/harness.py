@@ -353,27 +353,43 @@ def fused_equals_unfused(impl, device, case, fused: str) -> None:
 
 
 def rejects_bad_input(impl, device, case: BadInputCase) -> None:
-    """The corrupted call raises ValueError/TypeError naming the argument and changes nothing."""
+    """The corrupted call raises ValueError/TypeError naming the argument and changes nothing.
+
+    Value checks are on by default here; a rule that needs no sync must also hold with them
+    off. When the implementation's operation carries ``custom_op`` (the entry point compiled
+    graphs call, skipping the wrapper: ``torch.ops.mla_fuse.*`` for ours), it is called too.
+    """
     built = builder.build(case.base, device)
     corrupted = corruptions.corrupt(case.operation, case.corruption, built)
     before = built.snapshot()
     extra = {name: value.clone() for name, value in corrupted.args.items()
              if isinstance(value, torch.Tensor) and value is not built.args.get(name) and value.device.type != "meta"}
-    try:
-        call(impl, case.operation, corrupted.args, corrupted.check_values)
-    except (ValueError, TypeError) as error:
-        message = str(error)
-        named = [name for name in corrupted.names if re.search(rf"\b{re.escape(name)}\b", message)]
-        assert named, (f"{case.operation} rejected '{case.corruption}' but the message names none of "
-                       f"{corrupted.names}: {message!r}")
-    except Exception as error:  # noqa: BLE001 - any other failure is the finding
-        raise AssertionError(f"{case.operation} with '{case.corruption}' raised {type(error).__name__} "
-                             f"instead of ValueError/TypeError naming {corrupted.names}: {error}") from error
-    else:
-        raise AssertionError(f"{case.operation} accepted bad input '{case.corruption}' "
-                             f"(expected ValueError/TypeError naming one of {corrupted.names})")
-    comparisons.assert_buffers_equal(built.buffers, {n: b.flat for n, b in built.buffers.items()}, before,
-                                     f"{case.operation} wrote before rejecting '{case.corruption}'")
-    for name, clone in extra.items():
-        assert torch.equal(comparisons.memory.bits(corrupted.args[name]).cpu(), comparisons.memory.bits(clone).cpu()), \
-            f"{case.operation} wrote to argument '{name}' before rejecting '{case.corruption}'"
+    wrapper = impl.op(case.operation)
+    entry_points = {"": wrapper}
+    if corrupted.direct and getattr(wrapper, "custom_op", None) is not None:
+        entry_points[f" through {wrapper.custom_op} (the entry point compiled graphs call)"] = wrapper.custom_op
+    arguments = [corrupted.args[BUFFER_OF_ARGUMENT.get(name, name)] for name in OPERATION_ARGUMENTS[case.operation]]
+    runs = [(entry, function, check_values) for entry, function in entry_points.items()
+            for check_values in ((True,) if corrupted.check_values else (True, False))]
+    for entry, function, check_values in runs:
+        how = f"{entry} with value checks {'on' if check_values else 'off'}"
+        try:
+            with value_checks(check_values):
+                function(*arguments)
+        except (ValueError, TypeError) as error:
+            message = str(error)
+            named = [name for name in corrupted.names if re.search(rf"\b{re.escape(name)}\b", message)]
+            assert named, (f"{case.operation} rejected '{case.corruption}'{how} but the message names none of "
+                           f"{corrupted.names}: {message!r}")
+        except Exception as error:  # noqa: BLE001 - any other failure is the finding
+            raise AssertionError(f"{case.operation} with '{case.corruption}'{how} raised {type(error).__name__} "
+                                 f"instead of ValueError/TypeError naming {corrupted.names}: {error}") from error
+        else:
+            raise AssertionError(f"{case.operation} accepted bad input '{case.corruption}'{how} "
+                                 f"(expected ValueError/TypeError naming one of {corrupted.names})")
+        comparisons.assert_buffers_equal(built.buffers, {n: b.flat for n, b in built.buffers.items()}, before,
+                                         f"{case.operation} wrote before rejecting '{case.corruption}'{how}")
+        for name, clone in extra.items():
+            assert torch.equal(comparisons.memory.bits(corrupted.args[name]).cpu(),
+                               comparisons.memory.bits(clone).cpu()), \
+                f"{case.operation} wrote to argument '{name}' before rejecting '{case.corruption}'{how}"
