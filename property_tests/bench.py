@@ -264,7 +264,7 @@ def _interpreter_goal(repeats: int) -> float:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="mla-fuse bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, nargs="+", help="token counts (default: per device)")
     parser.add_argument("--heads", type=int, nargs="+", help="head counts (default: 16 128 on GPU, 16 on CPU)")
     parser.add_argument("--caches", nargs="+", default=list(CACHE_DTYPES), choices=["auto", "fp8", "fp8_e5m2"])
