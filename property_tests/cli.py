@@ -12,7 +12,7 @@ import argparse
 import pathlib
 import sys
 
-from mla_fuse_conformance import fuzz, profiles
+from mla_fuse_conformance import fuzz, profiles, recording
 
 
 def add_verify(commands) -> None:
@@ -87,6 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     if passed_on and not getattr(args, "passes_on", False):
         parser.error(f"unrecognized arguments: {' '.join(passed_on)}")
     args.passed_on = passed_on  # a command that hands its arguments to another parser (bench)
+    try:
+        recording.example_timeout()
+    except ValueError as error:
+        print(f"mla-fuse {args.command}: {error}", file=sys.stderr)
+        return 2
     if "" not in sys.path:
         sys.path.insert(0, "")  # the current directory, as `python -m` has it
     return args.run(args)

@@ -3,8 +3,11 @@
 ``Executor`` keeps one child process that loads the implementation once and runs the examples
 sent to it: the caller (hypothesis in the conformance map, ``mla-fuse repro``) never runs a
 kernel itself. A crash (segfault, abort, illegal instruction, a device error that kills the
-process) becomes a ``Crashed`` failure naming the signal, the next example gets a new child, and
-a crashing case is shrunk like any other failure.
+process) becomes a ``Crashed`` failure naming the signal, and so does a hang (no result within
+``recording.example_timeout()`` seconds: the child is killed). After any example that did not
+pass, the next one gets a new child: a kernel that wrote out of bounds may have corrupted its
+process (heap, OpenMP state), and a later example must not crash or hang for it. A crashing case
+is shrunk like any other failure.
 
 Children come from a ``multiprocessing`` fork server that has imported torch and the suite once,
 so a new child after a crash costs milliseconds, not an interpreter start (and a child never
@@ -23,6 +26,7 @@ import signal
 from hypothesis import reject
 
 from mla_fuse_conformance import cases as case_types
+from mla_fuse_conformance import recording
 
 
 class Crashed(Exception):
@@ -31,6 +35,15 @@ class Crashed(Exception):
     def __init__(self, how: str) -> None:
         super().__init__(f"the kernel crashed the process running the example ({how})")
         self.how = how
+
+
+class Hung(Crashed):
+    """The example gave no result within the time limit; the process running it was killed."""
+
+    def __init__(self, seconds: float) -> None:
+        Exception.__init__(self, f"no result in {seconds:g} s (${recording.TIMEOUT_ENV}): the process running the "
+                                 "example was killed")
+        self.how = f"hung: no result in {seconds:g} s"
 
 
 class RaisedInChild(Exception):
@@ -86,10 +99,21 @@ class Executor:
         self.process.start()
         child_end.close()
 
+    def _discard(self) -> int | None:
+        """Forget a child that died or was killed; its exit code."""
+        self.process.join()
+        returncode = self.process.exitcode
+        self.connection.close()
+        self.process = self.connection = None
+        return returncode
+
     def close(self) -> None:
         if self.process is not None and self.process.is_alive():
             self.connection.send(None)
-            self.process.join(timeout=60)
+            self.process.join(timeout=10)
+            if self.process.is_alive():  # stuck on its way out (a corrupted process)
+                self.process.kill()
+                self.process.join()
         if self.connection is not None:
             self.connection.close()
         self.process = self.connection = None
@@ -99,20 +123,27 @@ class Executor:
         ``within_limits=False``: a case outside the declared limits, on purpose (limit checks)."""
         if self.process is None or not self.process.is_alive():
             self._start()
+        timeout = recording.example_timeout() or None
         try:
             self.connection.send({"property": prop_name, "case": case_types.to_jsonable(case),
                                   "within_limits": within_limits})
+            if not self.connection.poll(timeout):
+                self.process.kill()
+                self._discard()
+                self.crashes += 1
+                raise Hung(timeout)
             result = self.connection.recv()
         except (EOFError, OSError, BrokenPipeError):
-            self.process.join()
-            returncode = self.process.exitcode
-            self.connection.close()
-            self.process = self.connection = None
+            returncode = self._discard()
             self.crashes += 1
             raise Crashed(crash_description(returncode)) from None
         status = result["status"]
         if status == "passed":
             return
+        if status in ("failed", "raised"):
+            # it may have come with stray writes (a kernel writing out of bounds corrupts its own
+            # process's heap): the next example gets a clean child, so what it does is its own
+            self.close()
         if status == "failed":
             raise AssertionError(result["message"])
         if status == "raised":

@@ -27,7 +27,7 @@ import pathlib
 from typing import Callable
 
 from hypothesis import HealthCheck, Verbosity, given, reject, settings
-from hypothesis.errors import Unsatisfiable, UnsatisfiedAssumption
+from hypothesis.errors import FlakyFailure, Unsatisfiable, UnsatisfiedAssumption
 
 from mla_fuse_conformance import profiles, recording
 from mla_fuse_conformance.cases import BadInputCase
@@ -55,8 +55,11 @@ class PropertyMap:
     passing: dict[str, dict[str, int]]  # axis -> value -> passing examples with it
     examples: int
     complete: bool  # the last search passed: no failing cell left outside those found
+    error: str | None = None  # why the map could not be finished (verify goes on with the others)
 
     def lines(self) -> list[str]:
+        if self.error is not None:
+            return [f"{self.property}: no map: {self.error.splitlines()[0][:300]}"]
         out = [f"{self.property}: {len(self.cells)} failing cell(s), {self.examples} examples"
                + ("" if self.complete else " (stopped at the round limit; more cells may fail)")]
         for cell in self.cells:
@@ -104,6 +107,11 @@ def search(prop, strategy, run_example: Callable, exclude: list[dict], max_examp
         explore()
     except FAILURES as error:
         return last.get("case"), error, passed
+    except FlakyFailure:
+        # the same case failed one way, then another (a wrong result, then a crash): a kernel whose
+        # out-of-bounds writes corrupt its process does that. The last failure is the finding.
+        last["error"].flaky = True
+        return last.get("case"), last["error"], passed
     except Unsatisfiable:
         pass
     return None, None, passed
@@ -169,6 +177,8 @@ def map_property(prop, impl, device, run_example: Callable, max_examples: int, r
             break
         cell = failing_cell(prop, impl, run_example, case)
         failure = dict(recording.failure_record(prop, impl, device, case, error), cell=cell)
+        if getattr(error, "flaky", False):
+            failure["kind"] += ", not the same on replay"
         path = recording.save_failure(failure, f"map:{prop.name}", profiles.full_name("ci"))
         cells.append(Cell(cell, failure["kind"], failure["error"].splitlines()[0][:300] if failure["error"] else "",
                           str(path)))

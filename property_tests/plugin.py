@@ -181,20 +181,27 @@ class SessionReport:
     def pytest_handlecrashitem(self, crashitem, report, sched):
         """xdist: a worker died running ``crashitem``; the example it was running is in its in-flight
         file. Save it as a failure file, attributed to the property and the case's features."""
-        record = crashed_example(crashitem)
-        if record is None:
+        found = crashed_example(crashitem)
+        if found is None:
             return
+        record, stacks = found
         profile = self.config.getoption("hypothesis_profile", None) or profiles.full_name(profiles.default_profile())
-        failure = dict(record, kind="crashed", error_type="crash",
-                       error=f"the worker process died running this example ({report.longrepr})")
+        if stacks:
+            failure = dict(record, kind="hung", error_type="hang",
+                           error=f"no result in {record.get('timeout')} s (${recording.TIMEOUT_ENV}); the worker was "
+                                 f"ended; its threads were at (most recent call first):\n{stacks[:3000]}")
+        else:
+            failure = dict(record, kind="crashed", error_type="crash",
+                           error=f"the worker process died running this example ({report.longrepr})")
         saved = recording.save_failure(failure, crashitem, profile)
         report.sections.append(("mla_fuse: reproduce this failure",
                                 recording.describe_failure(failure, saved, crashitem, profile)))
         report.user_properties.append(("mla_fuse_failure", dict(failure, file=str(saved))))
 
 
-def crashed_example(nodeid: str) -> dict | None:
-    """The in-flight example a dead process left for test ``nodeid`` (and remove it)."""
+def crashed_example(nodeid: str) -> tuple[dict, str] | None:
+    """The in-flight example a dead process left for test ``nodeid`` (and remove it), with the
+    thread stacks its hang watchdog wrote ("" when it crashed rather than hung)."""
     for path in sorted(recording.failure_dir().glob("inflight-*.json")):
         try:
             record = json.loads(path.read_text())
@@ -202,7 +209,13 @@ def crashed_example(nodeid: str) -> dict | None:
             continue
         if record.get("nodeid") == nodeid:
             path.unlink(missing_ok=True)
-            return record
+            stacks_file = recording.stacks_path(path)
+            try:
+                stacks = stacks_file.read_text().strip()
+            except OSError:
+                stacks = ""
+            stacks_file.unlink(missing_ok=True)
+            return record, stacks
     return None
 
 

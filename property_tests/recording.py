@@ -8,6 +8,10 @@ result, what the kernel raised, or a crash). ``mla-fuse repro FILE`` replays it 
 
 In-flight examples. Before an example runs it is written to ``inflight_path()``; a process that
 dies (segfault, device error) leaves it there, and the plugin turns it into a failure file.
+A hang is a death too: while an example runs, ``faulthandler`` is armed to dump every thread's
+stack next to the in-flight file and end the process after ``example_timeout()`` seconds
+(``$MLA_FUSE_EXAMPLE_TIMEOUT``, default 120, 0: never), so a kernel that deadlocks (a corrupted
+OpenMP barrier, a spinning device kernel) becomes a "hung" failure of its case, not a stuck run.
 
 Metrics. Each property's ``PropertyStats`` (examples, worst rope error as a fraction of the
 CONTRACT §5 bound and in ulps, worst fp8 code distance, padded and saturated cases) travel on the
@@ -18,6 +22,7 @@ pytest report (``user_properties``) to the plugin, which writes them to ``outcom
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
 import hashlib
 import json
 import os
@@ -30,6 +35,27 @@ from mla_fuse_conformance import cases as case_types
 FAILURE_DIR_ENV = "MLA_FUSE_FAILURE_DIR"
 REPORT_DIR_ENV = "MLA_FUSE_REPORT_DIR"
 SESSION_ENV_VAR = "MLA_FUSE_SESSION_ID"
+TIMEOUT_ENV = "MLA_FUSE_EXAMPLE_TIMEOUT"
+DEFAULT_EXAMPLE_TIMEOUT = 120.0  # seconds; the slowest ci/gpu example under the interpreter takes ~20 s loaded
+
+
+def example_timeout() -> float:
+    """Seconds one example may run before it counts as hung (``$MLA_FUSE_EXAMPLE_TIMEOUT``; 0: never)."""
+    text = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not text:
+        return DEFAULT_EXAMPLE_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{TIMEOUT_ENV} must be a number of seconds (0: no limit), got {text!r}") from None
+    if value < 0:
+        raise ValueError(f"{TIMEOUT_ENV} must be >= 0 seconds (0: no limit), got {text!r}")
+    return value
+
+
+def stacks_path(inflight: pathlib.Path) -> pathlib.Path:
+    """Where a hung example's thread stacks go (beside its in-flight file)."""
+    return inflight.with_suffix(".stacks.txt")
 
 
 def failure_dir() -> pathlib.Path:
@@ -59,7 +85,7 @@ def failure_kind(error: BaseException) -> str:
     if isinstance(error, AssertionError):
         return "wrong result"
     if hasattr(error, "how"):
-        return f"crashed ({error.how})"
+        return error.how if error.how.startswith("hung") else f"crashed ({error.how})"
     return f"raised {getattr(error, 'original_type', type(error).__name__)}"
 
 
@@ -118,17 +144,26 @@ class Recorder:
                                                        outcome.worst_rope_bound_fraction)
             self.stats.worst_fp8_code_diff = max(self.stats.worst_fp8_code_diff, outcome.worst_fp8_code_diff)
 
+    _stacks = None  # the open file faulthandler writes a hung example's stacks to
+
     def starting(self, prop, impl, device, case) -> None:
-        """Save the example before it runs, so a crash (segfault, device error) leaves it behind."""
+        """Save the example before it runs, so a crash (segfault, device error) leaves it behind,
+        and arm the hang watchdog (see the module docstring)."""
         if self.track_inflight:
             path = inflight_path()
             path.parent.mkdir(parents=True, exist_ok=True)
             record = self.record(prop, impl, device, case)
-            record.update(nodeid=self.nodeid, pid=os.getpid())
+            timeout = example_timeout()
+            record.update(nodeid=self.nodeid, pid=os.getpid(), timeout=timeout)
             path.write_text(json.dumps(record, sort_keys=True))
+            if timeout:
+                if self._stacks is None or self._stacks.closed:
+                    self._stacks = open(stacks_path(path), "w")  # noqa: SIM115 - faulthandler needs it open
+                faulthandler.dump_traceback_later(timeout, exit=True, file=self._stacks)
 
     def finished(self) -> None:
         if self.track_inflight:
+            faulthandler.cancel_dump_traceback_later()
             inflight_path().unlink(missing_ok=True)
 
     def failed(self, prop, impl, device, case, error: BaseException) -> None:

@@ -139,12 +139,22 @@ def pytest_command(spec: str, profile: str, report_dir: pathlib.Path, workers: s
 
 
 def failing_properties(outcomes: list[dict]) -> list[str]:
-    """Names of the properties with a failure file (bad-input properties are per corruption already)."""
+    """Names of the properties that failed: those with a failure file, then registered properties
+    whose test failed without one (a worker that died after its example, e.g. of a heap its
+    kernel corrupted earlier). Bad-input properties are per corruption already."""
+    from mla_fuse_conformance.harness import PROPERTIES
+
     names = []
     for line in outcomes:
         failure = line.get("failure")
         if failure and failure["property"] not in names:
             names.append(failure["property"])
+    for line in outcomes:
+        if line["outcome"] == "failed" and not line.get("failure"):
+            path, _, function = line["nodeid"].partition("::")
+            name = f"{pathlib.PurePath(path).stem}:{function.partition('[')[0]}"
+            if name in PROPERTIES and not PROPERTIES[name].needs_input_checks and name not in names:
+                names.append(name)
     return names
 
 
@@ -153,7 +163,7 @@ def run_maps(impl, outcomes: list[dict], profile: str, rounds: int) -> tuple[lis
     from mla_fuse_conformance.devices import select_device
     from mla_fuse_conformance.executor import Executor
     from mla_fuse_conformance.harness import PROPERTIES, property_named
-    from mla_fuse_conformance.mapping import check_limit, map_property
+    from mla_fuse_conformance.mapping import PropertyMap, check_limit, map_property
 
     max_examples = {"ci": profiles.CI_MAX_EXAMPLES, "dev": 30}.get(profile, 100)
     device = str(select_device())
@@ -164,8 +174,14 @@ def run_maps(impl, outcomes: list[dict], profile: str, rounds: int) -> tuple[lis
             if prop.needs_input_checks:
                 continue
             print(f"mla-fuse verify: mapping {name} ...", flush=True)
-            maps.append(map_property(prop, impl, device, lambda case, p=prop: executor.run(p.name, case),
-                                     max_examples, rounds))
+            try:
+                maps.append(map_property(prop, impl, device, lambda case, p=prop: executor.run(p.name, case),
+                                         max_examples, rounds))
+            except Exception as error:  # noqa: BLE001 - one property's map must not cost the report
+                print(f"mla-fuse verify: the map of {name} could not be finished: {type(error).__name__}: "
+                      f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}", flush=True)
+                maps.append(PropertyMap(prop.name, prop.operations, [], {}, 0, False,
+                                        error=f"{type(error).__name__}: {error}"[:2000]))
         for op in impl.operations:
             prop = next((p for p in PROPERTIES.values() if p.operations == (op,) and not p.needs_input_checks), None)
             if prop is None:

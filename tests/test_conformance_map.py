@@ -16,7 +16,7 @@ import torch
 
 from mla_fuse_conformance import repro
 from mla_fuse_conformance.cases import PositionSpec, RopeCase, TableSpec
-from mla_fuse_conformance.executor import Crashed, Executor, RaisedInChild
+from mla_fuse_conformance.executor import Crashed, Executor, Hung, RaisedInChild
 from mla_fuse_conformance.harness import property_named
 from mla_fuse_conformance.implementation import load_implementation
 from mla_fuse_conformance.mapping import check_limit, map_property
@@ -45,6 +45,17 @@ class CrashesOnRank2(OnlyRope):
     def rotary_embedding(self, positions, query, key, head_size, cos_sin_cache, is_neox):
         if query.dim() == 2 and query.size(0) > 0:
             ctypes.string_at(0)
+        super().rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
+
+
+class HangsOnRank2(OnlyRope):
+    """Deadlocks (a lock taken twice) on rank-2 queries, as a kernel on a corrupted OpenMP barrier does."""
+    def rotary_embedding(self, positions, query, key, head_size, cos_sin_cache, is_neox):
+        if query.dim() == 2 and query.size(0) > 0:
+            import threading
+            lock = threading.Lock()
+            lock.acquire()
+            lock.acquire()
         super().rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
 
 
@@ -116,6 +127,28 @@ def test_the_executor_survives_a_crash_and_reports_what_was_raised(user_dir):
         assert raised.value.original_type == "RuntimeError"
 
 
+def test_a_hung_example_is_killed_and_the_next_gets_a_new_child(user_dir, monkeypatch):
+    monkeypatch.setenv("MLA_FUSE_EXAMPLE_TIMEOUT", "2")
+    prop = property_named(ROPE_PROPERTY)
+    rank3 = RopeCase(seed=1, tokens=3, heads=2, kv_heads=1, head_size=6, dtype="bfloat16", is_neox=False,
+                     table=TableSpec("plain", 4, 8))
+    rank2 = RopeCase(seed=1, tokens=3, heads=2, kv_heads=1, head_size=6, dtype="bfloat16", is_neox=False,
+                     table=TableSpec("plain", 4, 8), rank=2)
+    with Executor("adapters_here:HangsOnRank2", "cpu") as executor:
+        executor.run(prop.name, rank3)
+        with pytest.raises(Hung, match="no result in 2 s") as hung:
+            executor.run(prop.name, rank2)
+        assert hung.value.how == "hung: no result in 2 s" and executor.process is None
+        executor.run(prop.name, rank3)
+    with Executor("adapters_here:SecondHeadsWrong", "cpu") as executor:  # a wrong result: a clean child next
+        executor.run(prop.name, rank2)
+        first = executor.process.pid
+        with pytest.raises(AssertionError):
+            executor.run(prop.name, rank3)
+        executor.run(prop.name, rank2)
+        assert executor.process.pid != first
+
+
 @pytest.mark.parametrize("spec, outcome", [("adapters_here:DeclaresInt64Only", "handled"),
                                            ("adapters_here:RejectsInt32", "confirmed")])
 def test_a_declared_limit_is_checked_with_cases_just_outside_it(user_dir, spec, outcome):
@@ -171,3 +204,39 @@ def test_an_adapter_that_does_not_import_stops_pytest_with_one_line(user_dir):
     errors = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode != 0 and len(errors) == 1, result.stderr
     assert "cannot import module 'broken_adapter'" in errors[0] and "no_such_library" in errors[0]
+
+
+def test_a_hang_under_pytest_becomes_a_failure_file_with_the_stacks(user_dir):
+    """The plugin's watchdog ends a worker whose example runs past $MLA_FUSE_EXAMPLE_TIMEOUT; the
+    example is a "hung" failure of its cell, with where the threads were, and it replays as one."""
+    reports = user_dir / "reports"
+    command = [sys.executable, "-m", "pytest", "--pyargs",
+               "mla_fuse_conformance.test_rotary_embedding::test_rotary_embedding_matches_reference",
+               "--impl=adapters_here:HangsOnRank2", "-n", "1", "-p", "no:cacheprovider", "-q",
+               "--hypothesis-profile=mla_fuse.ci"]
+    env = dict(os.environ, MLA_FUSE_REPORT_DIR=str(reports), PYTHONPATH=str(user_dir), MLA_FUSE_EXAMPLE_TIMEOUT="3")
+    result = subprocess.run(command, capture_output=True, text=True, cwd=user_dir, env=env, timeout=900)
+    assert result.returncode == 1, result.stdout[-3000:]
+    lines = [json.loads(line) for line in (reports / "outcomes.jsonl").read_text().splitlines()]
+    hung = [line["failure"] for line in lines if (line.get("failure") or {}).get("kind") == "hung"]
+    assert len(hung) == 1 and hung[0]["features"]["query rank"] == "2", lines
+    assert "no result in 3.0 s" in hung[0]["error"] and "rotary_embedding" in hung[0]["error"]  # the stack
+    replay = subprocess.run(["mla-fuse", "repro", hung[0]["file"]], capture_output=True, text=True, cwd=user_dir,
+                            env=env, timeout=300)
+    assert replay.returncode == 1 and "no result in 3 s" in replay.stdout, replay.stdout + replay.stderr
+
+
+def test_verify_maps_a_property_whose_worker_died_without_leaving_its_example():
+    """A failed property test with no failure file (the worker died after its example, e.g. of a heap
+    its kernel had corrupted) is still mapped; failure files come first, each property once."""
+    from mla_fuse_conformance import test_mla  # noqa: F401 (registers its properties)
+    from mla_fuse_conformance.verify import failing_properties
+
+    mla = "test_mla:test_mla_cache_write_matches_reference"
+    outcomes = [{"nodeid": "test_rotary_embedding.py::test_rotary_embedding_matches_reference", "outcome": "failed",
+                 "failure": {"property": ROPE_PROPERTY}},
+                {"nodeid": f"test_mla.py::{mla.partition(':')[2]}", "outcome": "failed", "failure": None},
+                {"nodeid": "test_mla.py::test_mla_cache_write_rejects_bad_input[slot_past_cache]", "outcome": "failed"},
+                {"nodeid": "test_large_addresses.py::test_query_rows_a_huge_stride_apart", "outcome": "failed"},
+                {"nodeid": f"test_mla.py::{mla.partition(':')[2]}", "outcome": "passed"}]
+    assert failing_properties(outcomes) == [ROPE_PROPERTY, mla]
