@@ -69,8 +69,12 @@ class DefunctionalizationPattern:
             is_op(user, aten.copy_.default) and user.args[0] is base and user.args[1] in self.new_value[name]
             for user in base.users)
 
+    def insertion_point(self) -> fx.Node:
+        """Where the in-place call goes: where the functional node is (its inputs exist there)."""
+        return self.node
+
     def rewrite(self) -> None:
-        with self.graph.inserting_before(self.node):
+        with self.graph.inserting_before(self.insertion_point()):
             call = self.graph.call_function(self.op, kwargs=dict(self.node.kwargs))
         call.meta.update({k: v for k, v in self.node.meta.items() if k != "eager_input_vals"})
         if "eager_input_vals" in self.node.meta:  # (args, kwargs) of the call, minus the op argument

@@ -1,0 +1,275 @@
+"""Deliberately broken compile passes, one or more per "Compile passes" class of shared/BUGS.md.
+
+Each ``PassMutant`` is a context manager that patches one thing in ``mla_fuse.passes`` (or, for
+the copy-free rule, in how a layer hands its cache to the graph) for as long as it is active,
+and drops the process-wide cache of traced patterns on the way in and out (a patched pattern
+class must be traced again). ``tests/test_pass_mutants.py`` runs the compile-pass property
+suite alone against each and requires a failure: an ``AssertionError`` from a property, or one
+of the error types the mutant lists in ``caught_by`` (a mutant whose bug breaks the graph
+itself, e.g. a replacement placed before its inputs, is caught by the graph lint as a
+``RuntimeError``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Callable, Iterator
+from unittest import mock
+
+import torch
+
+import mla_fuse.compile as mc
+from mla_fuse.layers import get_forward_context, unified_ops
+from mla_fuse.layers.mha import MHAAttention
+from mla_fuse.layers.mla import MLAAttention
+from mla_fuse.passes import (
+    aliasing, config, defunctionalize, mla_rope_kvcache_fusion, pass_manager, pattern_utils, rope_forms,
+    rope_kvcache_fusion, scatter_split_replace,
+)
+from mla_fuse.passes.fx_utils import call_args, is_op
+from mla_fuse_conformance.pass_models import inverse_rope
+
+aten = torch.ops.aten
+
+
+@dataclasses.dataclass(frozen=True)
+class PassMutant:
+    name: str
+    bug_class: str                      # the BUGS.md line it carries
+    patch: Callable[[], contextlib.AbstractContextManager]
+    caught_by: tuple[type[BaseException], ...] = (AssertionError,)
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        pattern_utils.clear_pattern_cache()
+        try:
+            with self.patch():
+                yield
+        finally:
+            pattern_utils.clear_pattern_cache()
+
+
+def _patches(*patches) -> Callable[[], contextlib.AbstractContextManager]:
+    def enter():
+        stack = contextlib.ExitStack()
+        for target, attribute, value in patches:
+            stack.enter_context(mock.patch.object(target, attribute, value))
+        return stack
+    return enter
+
+
+# ------------------------------------------------------------------ matching too broadly / not at all
+
+
+_PRESENT = rope_forms.present
+
+
+def _present_with_inverse(graph):
+    return _PRESENT(graph) + ([("inverse", False)] if pattern_utils.table_lookups(graph) else [])
+
+
+def _too_broad():
+    """The inverse rotation registered as a rope form, replaced by the (forward) fused op."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(mock.patch.dict(rope_forms.FORMS, {"inverse": inverse_rope}))
+    stack.enter_context(mock.patch.object(rope_forms, "present", _present_with_inverse))
+    return stack
+
+
+def _report_without_rewriting(self, graph):
+    if not self.enabled():
+        return 0
+    self._register_for(graph)
+    return sum(self.fusable(call_args(node)["kv_cache_dtype"])
+               for node in graph.find_nodes(op="call_function", target=self.update_op))
+
+
+# ------------------------------------------------------------------ rewrites gone wrong
+
+
+def _drop_q_write_back(self):
+    """The q_pe write-back into q is deleted, but the fused node stays functional (writes a copy)."""
+    for items in self.new_value.values():
+        for item in items:
+            _drop_scatters(self.graph, item)
+
+
+def _drop_scatters(graph, node):
+    for user in list(node.users):
+        if is_op(user, aten.copy.default):
+            _drop_scatters(graph, user)
+        elif is_op(user, aten.slice_scatter.default) and user.args[1] is node:
+            user.replace_all_uses_with(user.args[0])
+            graph.erase_node(user)
+
+
+def _graph_start(self):
+    """The in-place call goes before the first computation: before its inputs exist."""
+    return next(node for node in self.graph.nodes if node.op != "placeholder")
+
+
+_MHA_REPLACEMENT = rope_kvcache_fusion.RopeKVCacheFusionPattern.replacement
+
+
+def _swapped_outputs(self, *args):
+    q_new, dummy, k_new = _MHA_REPLACEMENT(self, *args)
+    return k_new, dummy, q_new
+
+
+def _first_layer(replacement):
+    def wrapped(self, *args):
+        own, self.layer_name = self.layer_name, "model.layers.0.attn"
+        try:
+            return replacement(self, *args)
+        finally:
+            self.layer_name = own
+    return wrapped
+
+
+def _any_resplit(scattered):
+    return next((user for user in scattered.users if is_op(user, scatter_split_replace.SPLIT)), None)
+
+
+def _no_foreign_readers(*args, **kwargs):
+    return []
+
+
+# ------------------------------------------------------------------ ops that misdeclare themselves
+
+
+def _product_mla_fused(*args, **kwargs):
+    return unified_ops.fused_rope_and_unified_mla_kv_cache_update._init_fn(*args, **kwargs)
+
+
+@torch.library.custom_op("mla_fuse_mutants::fused_rope_and_unified_mla_kv_cache_update_bad_fake",
+                         mutates_args=("q_pe", "k_pe"))
+def _bad_fake_op(positions: torch.Tensor, q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tensor,
+                 cos_sin_cache: torch.Tensor, is_neox: bool, layer_name: str, kv_cache_dtype: str,
+                 k_scale: torch.Tensor) -> torch.Tensor:
+    return _product_mla_fused(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, layer_name, kv_cache_dtype,
+                              k_scale)
+
+
+@_bad_fake_op.register_fake
+def _(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, layer_name, kv_cache_dtype, k_scale):
+    return q_pe.new_empty(q_pe.size(0), 1)  # the real op returns an empty tensor of kv_c's dtype
+
+
+@torch.library.custom_op("mla_fuse_mutants::fused_rope_and_unified_mla_kv_cache_update_omits_q_pe",
+                         mutates_args=("k_pe",))
+def _omits_q_pe_op(positions: torch.Tensor, q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tensor,
+                   cos_sin_cache: torch.Tensor, is_neox: bool, layer_name: str, kv_cache_dtype: str,
+                   k_scale: torch.Tensor) -> torch.Tensor:
+    return _product_mla_fused(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, layer_name, kv_cache_dtype,
+                              k_scale)
+
+
+@_omits_q_pe_op.register_fake
+def _(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, layer_name, kv_cache_dtype, k_scale):
+    return kv_c.new_empty(0)
+
+
+def _inserting(op):
+    return _patches((mla_rope_kvcache_fusion, "FUSED_MLA_UPDATE", op),
+                    (defunctionalize, "FUSED_OPS", (op, unified_ops.FUSED_UPDATE)))
+
+
+# ------------------------------------------------------------------ the copy-free rule
+
+
+@torch.library.custom_op("mla_fuse_mutants::declare_cache_write", mutates_args=("cache",))
+def _declare_cache_write(cache: torch.Tensor, dummy: torch.Tensor) -> torch.Tensor:
+    return dummy.new_empty(0)
+
+
+@_declare_cache_write.register_fake
+def _(cache, dummy):
+    return dummy.new_empty(0)
+
+
+_MLA_ATTEND, _MHA_ATTEND = MLAAttention.update_and_attend, MHAAttention.update_and_attend
+
+
+def _mla_attend_with_cache_argument(self, q, kv_c_normed, k_pe):
+    _declare_cache_write(get_forward_context().layer(self.layer_name).kv_cache, q)
+    return _MLA_ATTEND(self, q, kv_c_normed, k_pe)
+
+
+def _mha_attend_with_cache_argument(self, q, k, v):
+    entry = get_forward_context().layer(self.layer_name)
+    _declare_cache_write(entry.key_cache, q)
+    _declare_cache_write(entry.value_cache, q)
+    return _MHA_ATTEND(self, q, k, v)
+
+
+def _test_backend_form(gm):
+    """The form the patterns had before: views as reshapes, none of Inductor's joint-graph rewrites."""
+    from torch._inductor.fx_passes.post_grad import view_to_reshape
+    view_to_reshape(gm)
+
+
+# ------------------------------------------------------------------ statistics
+
+
+def _counts_from_the_last_run(self, delta, storages):
+    """The pre-fix statistics: what the passes counted when they ran (nothing on a cache hit)."""
+    ran = self.pass_manager.last_graph is not None
+    counts = self.pass_manager.last_match_counts() if ran else dict.fromkeys(self.pass_manager.pass_names(), 0)
+    self.records.append(mc.GraphRecord(counts, delta.get(mc.FX_CACHE_HIT_COUNTER, 0) > 0,
+                                       self.pass_manager.last_graph, storages))
+
+
+# ------------------------------------------------------------------ the mutants
+
+_LAZY = pattern_utils.LazyPatternFusionPass
+_MLA_PATTERN = mla_rope_kvcache_fusion.MLARopeKVCacheFusionPattern
+_MHA_PATTERN = rope_kvcache_fusion.RopeKVCacheFusionPattern
+
+PASS_MUTANTS = {m.name: m for m in [
+    PassMutant("matches_an_unsupported_rope", "A pass matching too broadly (a different rope form) and silently "
+               "changing numbers", _too_broad),
+    PassMutant("reports_success_without_rewriting", "not matching at all while reporting success",
+               _patches((_LAZY, "run", _report_without_rewriting))),
+    PassMutant("drops_the_q_write_back", "The write-back of q_pe into q lost after fusion",
+               _patches((defunctionalize.DefunctionalizationPattern, "rewrite", _drop_q_write_back))),
+    PassMutant("ignores_pre_rotation_readers", "An op after the fused op reading the pre-mutation value",
+               _patches((aliasing, "foreign_readers", _no_foreign_readers),
+                        (pattern_utils, "foreign_readers", _no_foreign_readers))),
+    PassMutant("replacement_before_its_inputs", "Replacement inserted before its inputs exist",
+               _patches((defunctionalize.DefunctionalizationPattern, "insertion_point", _graph_start)),
+               caught_by=(AssertionError, RuntimeError)),
+    PassMutant("swaps_q_and_k_outputs", "multi-output rewiring wrong",
+               _patches((_MHA_PATTERN, "replacement", _swapped_outputs)), caught_by=(AssertionError, RuntimeError)),
+    PassMutant("rewires_a_scatter_with_other_users", "an intermediate with other users deleted (its readers "
+               "rewired)", _patches((scatter_split_replace.ScatterSplitReplacementPattern, "sole_resplit",
+                                     staticmethod(_any_resplit)))),
+    PassMutant("writes_layer_0s_cache", "one layer's cache used for another",
+               _patches((_MLA_PATTERN, "replacement", _first_layer(_MLA_PATTERN.replacement)),
+                        (_MHA_PATTERN, "replacement", _first_layer(_MHA_PATTERN.replacement)))),
+    PassMutant("fake_disagrees_with_the_op", "Fake (meta) output metadata differing from the real op's",
+               _inserting(_bad_fake_op._opoverload)),
+    PassMutant("schema_omits_a_written_q_pe", "a fused op writing a tensor its schema does not declare",
+               _inserting(_omits_q_pe_op._opoverload)),
+    PassMutant("fuses_at_o1", "Fusion active where it must be off (O1)",
+               _patches((config.FusionConfig, "_fusion_enabled",
+                         lambda self, flag, op: self.level > 0 and flag is not False))),
+    PassMutant("fuses_a_split_point", "Fusion active where it must be off (split graph)",
+               _patches((config, "_is_split_point", lambda op_name, splitting_ops: False))),
+    PassMutant("fuses_any_cache_format", "Fusion active where it must be off (unsupported cache format)",
+               _patches((_LAZY, "fusable", lambda self, kv_cache_dtype: True))),
+    PassMutant("static_shapes_only", "Fusion that only fires with static shapes",
+               _patches((pattern_utils, "unify_symbolic_sizes", lambda graph: 0))),
+    PassMutant("patterns_in_the_test_backends_form", "only on the test backend and not on Inductor (patterns "
+               "traced without Inductor's canonical form)",
+               _patches((pattern_utils, "canonicalize", _test_backend_form))),
+    PassMutant("binds_q_on_ks_chain", "Two pattern inputs bound to the same node",
+               _patches((pattern_utils, "inputs_distinct", lambda match, names: True),
+                        (pattern_utils, "binding_is_sound", lambda match, ranks, widths: True)),
+               caught_by=(AssertionError, ValueError)),
+    PassMutant("caches_enter_the_graph", "A cache copied by functionalization because caches alias",
+               _patches((MLAAttention, "update_and_attend", _mla_attend_with_cache_argument),
+                        (MHAAttention, "update_and_attend", _mha_attend_with_cache_argument))),
+    PassMutant("counts_lost_on_a_cache_hit", "Pass statistics that read 0 when the compiled graph came from a cache",
+               _patches((mc.MlaFuseBackend, "_record", _counts_from_the_last_run))),
+]}
