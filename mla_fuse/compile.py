@@ -117,16 +117,21 @@ class MlaFuseBackend:
             )
 
     def _run_passes_eagerly(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable:
-        from torch._guards import detect_fake_mode
+        """Inductor's steps up to code generation (``compile_fx``: joint-graph passes, view -> reshape,
+        fake-tensor propagation, post-grad passes), then the graph itself as the compiled function."""
+        from torch._inductor.compile_fx import fake_tensor_prop
         from torch._inductor.fx_passes.joint_graph import joint_graph_passes
         from torch._inductor.fx_passes.post_grad import post_grad_passes, view_to_reshape
         from torch._inductor.virtualized import V
 
         patches = {**PINNED_INDUCTOR_CONFIG, "post_grad_custom_post_pass": self.pass_manager}
-        with torch._inductor.config.patch(patches), V.set_fake_mode(detect_fake_mode(example_inputs)):
+        with torch._inductor.config.patch(patches):
             joint_graph_passes(gm)
             view_to_reshape(gm)
-            post_grad_passes(gm, is_inference=True)
+            with torch.no_grad():
+                fake_mode = fake_tensor_prop(gm, example_inputs)
+            with V.set_fake_mode(fake_mode):
+                post_grad_passes(gm, is_inference=True)
         gm.recompile()
         return gm
 

@@ -33,7 +33,6 @@ CONTRACT §6 requires a compiled step to allocate nothing that grows with the ca
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Callable
 
 import torch
@@ -231,12 +230,3 @@ def allocated_bytes(step: Callable[[], object]) -> int:
         step()
     return sum(max(event.self_cpu_memory_usage, 0) for event in prof.events())
 
-
-def storage_aliases(tensor: torch.Tensor, pools: list[torch.Tensor]) -> bool:
-    """Whether ``tensor`` lives in one of ``pools`` (same storage)."""
-    ptr = tensor.untyped_storage().data_ptr()
-    return any(ptr == pool.untyped_storage().data_ptr() for pool in pools)
-
-
-def ceil_blocks(slots: int, block_size: int) -> int:
-    return math.ceil(slots / block_size)

@@ -20,8 +20,8 @@ from unittest import mock
 import torch
 
 import mla_fuse.compile as mc
-from mla_fuse.layers import get_forward_context, unified_ops
-from mla_fuse.layers.mha import MHAAttention
+from mla_fuse.layers import get_forward_context, paged_attention, unified_ops
+from mla_fuse.layers.mha import MHAAttention, heads
 from mla_fuse.layers.mla import MLAAttention
 from mla_fuse.passes import (
     aliasing, config, defunctionalize, mla_rope_kvcache_fusion, pass_manager, pattern_utils, rope_forms,
@@ -117,9 +117,13 @@ def _swapped_outputs(self, *args):
     return k_new, dummy, q_new
 
 
-def _first_layer(replacement):
+def _first_layer_of_its_kind(replacement):
+    """The replacement names the first layer its pass saw (of the same kind) instead of its own."""
+    first: dict[type, str] = {}
+
     def wrapped(self, *args):
-        own, self.layer_name = self.layer_name, "model.layers.0.attn"
+        own = self.layer_name
+        self.layer_name = first.setdefault(type(self), own)
         try:
             return replacement(self, *args)
         finally:
@@ -127,8 +131,17 @@ def _first_layer(replacement):
     return wrapped
 
 
-def _any_resplit(scattered):
-    return next((user for user in scattered.users if is_op(user, scatter_split_replace.SPLIT)), None)
+def _scatter_deleted_under_its_readers(scattered):
+    """The scatter chain goes although other nodes read it: they are pointed at the buffer as it was
+    before the scatters (the pre-rotation values)."""
+    resplit = next((user for user in scattered.users if is_op(user, scatter_split_replace.SPLIT)), None)
+    base = scattered
+    while is_op(base, scatter_split_replace.SLICE_SCATTER):
+        base = base.args[0]
+    for user in list(scattered.users):
+        if user is not resplit:
+            user.replace_input_with(scattered, base)
+    return resplit
 
 
 def _no_foreign_readers(*args, **kwargs):
@@ -138,17 +151,14 @@ def _no_foreign_readers(*args, **kwargs):
 # ------------------------------------------------------------------ ops that misdeclare themselves
 
 
-def _product_mla_fused(*args, **kwargs):
-    return unified_ops.fused_rope_and_unified_mla_kv_cache_update._init_fn(*args, **kwargs)
+_PRODUCT_MLA_FUSED = unified_ops.fused_rope_and_unified_mla_kv_cache_update._init_fn  # the function behind the op
 
-
-@torch.library.custom_op("mla_fuse_mutants::fused_rope_and_unified_mla_kv_cache_update_bad_fake",
-                         mutates_args=("q_pe", "k_pe"))
-def _bad_fake_op(positions: torch.Tensor, q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tensor,
-                 cos_sin_cache: torch.Tensor, is_neox: bool, layer_name: str, kv_cache_dtype: str,
-                 k_scale: torch.Tensor) -> torch.Tensor:
-    return _product_mla_fused(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, layer_name, kv_cache_dtype,
-                              k_scale)
+# The product's fused MLA op under other names: one whose fake disagrees with it, one whose schema
+# does not declare that it writes q_pe.
+_bad_fake_op = torch.library.custom_op("mla_fuse_bad_fake::fused_rope_and_unified_mla_kv_cache_update",
+                                       _PRODUCT_MLA_FUSED, mutates_args=("q_pe", "k_pe"))
+_omits_q_pe_op = torch.library.custom_op("mla_fuse_undeclared::fused_rope_and_unified_mla_kv_cache_update",
+                                         _PRODUCT_MLA_FUSED, mutates_args=("k_pe",))
 
 
 @_bad_fake_op.register_fake
@@ -156,18 +166,17 @@ def _(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, layer_name, kv_cache_
     return q_pe.new_empty(q_pe.size(0), 1)  # the real op returns an empty tensor of kv_c's dtype
 
 
-@torch.library.custom_op("mla_fuse_mutants::fused_rope_and_unified_mla_kv_cache_update_omits_q_pe",
-                         mutates_args=("k_pe",))
-def _omits_q_pe_op(positions: torch.Tensor, q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tensor,
-                   cos_sin_cache: torch.Tensor, is_neox: bool, layer_name: str, kv_cache_dtype: str,
-                   k_scale: torch.Tensor) -> torch.Tensor:
-    return _product_mla_fused(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, layer_name, kv_cache_dtype,
-                              k_scale)
-
-
 @_omits_q_pe_op.register_fake
 def _(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, layer_name, kv_cache_dtype, k_scale):
     return kv_c.new_empty(0)
+
+
+def _replacement_trusting_an_undeclared_write(self, positions, q_pe, k_pe, kv_c, cos_sin_cache, k_scale):
+    """The op rotates q_pe in place without declaring it; the replacement takes q_pe as the result."""
+    fused = torch.ops.higher_order.auto_functionalized(
+        _omits_q_pe_op._opoverload, positions=positions, q_pe=q_pe, k_pe=k_pe, kv_c=kv_c, cos_sin_cache=cos_sin_cache,
+        is_neox=self.is_neox, layer_name=self.layer_name, kv_cache_dtype=self.kv_cache_dtype, k_scale=k_scale)
+    return q_pe, fused[0], fused[1]
 
 
 def _inserting(op):
@@ -176,31 +185,84 @@ def _inserting(op):
 
 
 # ------------------------------------------------------------------ the copy-free rule
+# The design before issue 10: the layer reads its cache(s) from the forward context while tracing and
+# hands them to the update (declared as written) and to the attention, so the caches are graph inputs.
+# When they alias (views of one pool), functionalization rebuilds the updated pool: a copy per step.
 
 
-@torch.library.custom_op("mla_fuse_mutants::declare_cache_write", mutates_args=("cache",))
-def _declare_cache_write(cache: torch.Tensor, dummy: torch.Tensor) -> torch.Tensor:
-    return dummy.new_empty(0)
+@contextlib.contextmanager
+def _caches_in_context(layer_name: str, **caches):
+    context = get_forward_context()
+    entry = context.layer(layer_name)
+    context.layers[layer_name] = dataclasses.replace(entry, **caches)
+    try:
+        yield
+    finally:
+        context.layers[layer_name] = entry
 
 
-@_declare_cache_write.register_fake
-def _(cache, dummy):
-    return dummy.new_empty(0)
+@torch.library.custom_op("mla_fuse_arguments::unified_mla_kv_cache_update", mutates_args=("kv_cache",))
+def _mla_update(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, layer_name: str,
+                kv_cache_dtype: str, k_scale: torch.Tensor) -> torch.Tensor:
+    with _caches_in_context(layer_name, kv_cache=kv_cache):
+        return unified_ops.unified_mla_kv_cache_update._init_fn(kv_c, k_pe, layer_name, kv_cache_dtype, k_scale)
 
 
-_MLA_ATTEND, _MHA_ATTEND = MLAAttention.update_and_attend, MHAAttention.update_and_attend
+@_mla_update.register_fake
+def _(kv_c, k_pe, kv_cache, layer_name, kv_cache_dtype, k_scale):
+    return kv_c.new_empty(0)
 
 
-def _mla_attend_with_cache_argument(self, q, kv_c_normed, k_pe):
-    _declare_cache_write(get_forward_context().layer(self.layer_name).kv_cache, q)
-    return _MLA_ATTEND(self, q, kv_c_normed, k_pe)
+@torch.library.custom_op("mla_fuse_arguments::unified_mla_attention", mutates_args=())
+def _mla_attention(q: torch.Tensor, kv_cache: torch.Tensor, kv_b_weight: torch.Tensor, dummy: torch.Tensor,
+                   layer_name: str, v_head_dim: int) -> torch.Tensor:
+    with _caches_in_context(layer_name, kv_cache=kv_cache):
+        return paged_attention.unified_mla_attention._init_fn(q, kv_b_weight, dummy, layer_name, v_head_dim)
 
 
-def _mha_attend_with_cache_argument(self, q, k, v):
-    entry = get_forward_context().layer(self.layer_name)
-    _declare_cache_write(entry.key_cache, q)
-    _declare_cache_write(entry.value_cache, q)
-    return _MHA_ATTEND(self, q, k, v)
+@_mla_attention.register_fake
+def _(q, kv_cache, kv_b_weight, dummy, layer_name, v_head_dim):
+    return q.new_empty(q.size(0), q.size(1), v_head_dim)
+
+
+@torch.library.custom_op("mla_fuse_arguments::unified_kv_cache_update", mutates_args=("key_cache", "value_cache"))
+def _mha_update(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                layer_name: str, kv_cache_dtype: str) -> torch.Tensor:
+    with _caches_in_context(layer_name, key_cache=key_cache, value_cache=value_cache):
+        return unified_ops.unified_kv_cache_update._init_fn(key, value, layer_name, kv_cache_dtype)
+
+
+@_mha_update.register_fake
+def _(key, value, key_cache, value_cache, layer_name, kv_cache_dtype):
+    return key.new_empty(0)
+
+
+@torch.library.custom_op("mla_fuse_arguments::unified_attention", mutates_args=())
+def _mha_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, dummy: torch.Tensor,
+                   layer_name: str, v_head_size: int) -> torch.Tensor:
+    with _caches_in_context(layer_name, key_cache=key_cache, value_cache=value_cache):
+        return paged_attention.unified_attention._init_fn(query, dummy, layer_name, v_head_size)
+
+
+@_mha_attention.register_fake
+def _(query, key_cache, value_cache, dummy, layer_name, v_head_size):
+    return query.new_empty(query.size(0), query.size(1), v_head_size)
+
+
+def _mla_attend_with_cache_arguments(self, q, kv_c_normed, k_pe):
+    cache = get_forward_context().layer(self.layer_name)
+    dummy = _mla_update(kv_c_normed, k_pe, cache.kv_cache, self.layer_name, cache.kv_cache_dtype, cache.k_scale)
+    attn = _mla_attention(q, cache.kv_cache, self.kv_b_proj.weight, dummy, self.layer_name, self.v_head_dim)
+    return self.o_proj(attn.flatten(1))
+
+
+def _mha_attend_with_cache_arguments(self, q, k, v):
+    cache = get_forward_context().layer(self.layer_name)
+    dummy = _mha_update(heads(k, self.num_kv_heads, self.head_size), heads(v, self.num_kv_heads, self.head_size),
+                        cache.key_cache, cache.value_cache, self.layer_name, cache.kv_cache_dtype)
+    attn = _mha_attention(heads(q, self.num_heads, self.head_size), cache.key_cache, cache.value_cache, dummy,
+                          self.layer_name, self.head_size)
+    return self.o_proj(attn.flatten(1))
 
 
 def _test_backend_form(gm):
@@ -241,16 +303,17 @@ PASS_MUTANTS = {m.name: m for m in [
                caught_by=(AssertionError, RuntimeError)),
     PassMutant("swaps_q_and_k_outputs", "multi-output rewiring wrong",
                _patches((_MHA_PATTERN, "replacement", _swapped_outputs)), caught_by=(AssertionError, RuntimeError)),
-    PassMutant("rewires_a_scatter_with_other_users", "an intermediate with other users deleted (its readers "
-               "rewired)", _patches((scatter_split_replace.ScatterSplitReplacementPattern, "sole_resplit",
-                                     staticmethod(_any_resplit)))),
+    PassMutant("deletes_a_scatter_with_other_readers", "an intermediate with other users deleted",
+               _patches((scatter_split_replace.ScatterSplitReplacementPattern, "sole_resplit",
+                         staticmethod(_scatter_deleted_under_its_readers)))),
     PassMutant("writes_layer_0s_cache", "one layer's cache used for another",
-               _patches((_MLA_PATTERN, "replacement", _first_layer(_MLA_PATTERN.replacement)),
-                        (_MHA_PATTERN, "replacement", _first_layer(_MHA_PATTERN.replacement)))),
+               _patches((_MLA_PATTERN, "replacement", _first_layer_of_its_kind(_MLA_PATTERN.replacement)),
+                        (_MHA_PATTERN, "replacement", _first_layer_of_its_kind(_MHA_PATTERN.replacement)))),
     PassMutant("fake_disagrees_with_the_op", "Fake (meta) output metadata differing from the real op's",
                _inserting(_bad_fake_op._opoverload)),
     PassMutant("schema_omits_a_written_q_pe", "a fused op writing a tensor its schema does not declare",
-               _inserting(_omits_q_pe_op._opoverload)),
+               _patches((_MLA_PATTERN, "replacement", _replacement_trusting_an_undeclared_write),
+                        (defunctionalize, "FUSED_OPS", (_omits_q_pe_op._opoverload, unified_ops.FUSED_UPDATE)))),
     PassMutant("fuses_at_o1", "Fusion active where it must be off (O1)",
                _patches((config.FusionConfig, "_fusion_enabled",
                          lambda self, flag, op: self.level > 0 and flag is not False))),
@@ -267,9 +330,12 @@ PASS_MUTANTS = {m.name: m for m in [
                _patches((pattern_utils, "inputs_distinct", lambda match, names: True),
                         (pattern_utils, "binding_is_sound", lambda match, ranks, widths: True)),
                caught_by=(AssertionError, ValueError)),
+    # (On a hybrid stack over one interleaved pool this design does not even compile: Inductor's
+    # decompose_auto_functionalized fails its own assertion, on both backends.)
     PassMutant("caches_enter_the_graph", "A cache copied by functionalization because caches alias",
-               _patches((MLAAttention, "update_and_attend", _mla_attend_with_cache_argument),
-                        (MHAAttention, "update_and_attend", _mha_attend_with_cache_argument))),
+               _patches((MLAAttention, "update_and_attend", _mla_attend_with_cache_arguments),
+                        (MHAAttention, "update_and_attend", _mha_attend_with_cache_arguments)),
+               caught_by=(AssertionError, torch._dynamo.exc.BackendCompilerFailed)),
     PassMutant("counts_lost_on_a_cache_hit", "Pass statistics that read 0 when the compiled graph came from a cache",
                _patches((mc.MlaFuseBackend, "_record", _counts_from_the_last_run))),
 ]}

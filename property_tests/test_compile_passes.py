@@ -91,10 +91,16 @@ class Run:
         self.reference = build_model(case.model, use_custom_op=True)
         self.model = same_weights(self.reference, build_model(case.model))
         self.compiled = compile_case(self.model, case)
+        self.pools: set[int] = set()  # storages of every cache pool the compiled model has been run on
+
+    def caches(self, blocks: int | None = None) -> EngineCaches:
+        caches = case_caches(self.case, blocks)
+        self.pools |= {pool.untyped_storage().data_ptr() for pool in caches.pools}
+        return caches
 
     def step(self, tokens: int | None = None, compiled=None) -> tuple[list[str], dict]:
         """One step compiled and eager on copies of the same caches: the differences, the kernel calls."""
-        caches, step = case_caches(self.case), case_step(self.case, tokens)
+        caches, step = self.caches(), case_step(self.case, tokens)
         expected_caches = caches.clone()
         expected = run(self.reference, expected_caches.layers, step)
         with counting_kernel_calls() as calls:
@@ -163,15 +169,15 @@ def expected_kernel_calls(case: CompileCase) -> dict[str, int]:
     return calls
 
 
-def copy_problems(case: CompileCase, compiled, step_tokens: int) -> list[str]:
+def copy_problems(run_: Run) -> list[str]:
     """No pool is a graph input; the bytes a step allocates do not grow with the cache."""
-    small, large = case_caches(case), case_caches(case, blocks=4 * case.blocks)
-    pools = {pool.untyped_storage().data_ptr() for caches in (small, large) for pool in caches.pools}
-    step = case_step(case, step_tokens)
-    used = [allocated_bytes(lambda caches=caches: run(compiled, caches.layers, step, dynamic=case.dynamic))
+    case = run_.case
+    small, large = run_.caches(), run_.caches(blocks=4 * case.blocks)
+    step = case_step(case)
+    used = [allocated_bytes(lambda caches=caches: run(run_.compiled, caches.layers, step, dynamic=case.dynamic))
             for caches in (small, large)]
     problems = [f"a cache pool is an input of compiled graph {i}: the graph may copy it"
-                for i, record in enumerate(mc.graph_records(compiled)) if record.input_storages & pools]
+                for i, record in enumerate(mc.graph_records(run_.compiled)) if record.input_storages & run_.pools]
     grown = large.cache_bytes - small.cache_bytes
     if used[1] - used[0] > GROWTH_LIMIT * grown:
         problems.append(f"a step allocated {used[0]} bytes with the cache, {used[1]} with the cache grown by "
@@ -218,7 +224,7 @@ def _check(case: CompileCase) -> None:
                      for d in run_.step(case.second_tokens)[0]]
         if len(mc.graph_records(run_.compiled)) != len(records):
             problems.append(f"recompiled for {case.second_tokens} tokens with a dynamic token count")
-    problems += copy_problems(case, run_.compiled, case.tokens)
+    problems += copy_problems(run_)
     if graph is not None:
         problems += op_problems(case, graph)
     if case.backend == "inductor":

