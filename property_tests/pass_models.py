@@ -36,7 +36,7 @@ from mla_fuse.layers import (
     DeepseekScalingRotaryEmbedding, LayerKVCache, MHAAttention, MLAAttention, RotaryEmbedding, set_forward_context,
 )
 from mla_fuse.layers import unified_ops
-from mla_fuse_conformance.engine_caches import (
+from mla_fuse_conformance.engine_caches import (  # noqa: F401  (SENTINEL: for the tests)
     SENTINEL, CacheLayout, EngineCaches, MhaCacheSpec, MlaCacheSpec, build_caches,
 )
 

@@ -24,7 +24,7 @@ from mla_fuse.layers import get_forward_context, paged_attention, unified_ops
 from mla_fuse.layers.mha import MHAAttention, heads
 from mla_fuse.layers.mla import MLAAttention
 from mla_fuse.passes import (
-    aliasing, config, defunctionalize, mla_rope_kvcache_fusion, pass_manager, pattern_utils, rope_forms,
+    aliasing, config, defunctionalize, mla_rope_kvcache_fusion, pattern_utils, rope_forms,
     rope_kvcache_fusion, scatter_split_replace,
 )
 from mla_fuse.passes.fx_utils import call_args, is_op
@@ -282,6 +282,13 @@ def _counts_from_the_last_run(self, delta, storages):
                                        self.pass_manager.last_graph, storages))
 
 
+def _enabled_from_o1(self, flag, update_op):
+    """The level check off by one: the fusions run at O1 (split points and flags still honoured)."""
+    if self.level == 0 or config._is_split_point(update_op, self.splitting_ops):
+        return False
+    return True if flag is None else flag
+
+
 # ------------------------------------------------------------------ the mutants
 
 _LAZY = pattern_utils.LazyPatternFusionPass
@@ -315,8 +322,7 @@ PASS_MUTANTS = {m.name: m for m in [
                _patches((_MLA_PATTERN, "replacement", _replacement_trusting_an_undeclared_write),
                         (defunctionalize, "FUSED_OPS", (_omits_q_pe_op._opoverload, unified_ops.FUSED_UPDATE)))),
     PassMutant("fuses_at_o1", "Fusion active where it must be off (O1)",
-               _patches((config.FusionConfig, "_fusion_enabled",
-                         lambda self, flag, op: self.level > 0 and flag is not False))),
+               _patches((config.FusionConfig, "_fusion_enabled", _enabled_from_o1))),
     PassMutant("fuses_a_split_point", "Fusion active where it must be off (split graph)",
                _patches((config, "_is_split_point", lambda op_name, splitting_ops: False))),
     PassMutant("fuses_any_cache_format", "Fusion active where it must be off (unsupported cache format)",

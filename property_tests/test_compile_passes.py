@@ -39,7 +39,6 @@ import torch
 from hypothesis import event, example, given, note, settings
 
 import mla_fuse.compile as mc
-from mla_fuse.layers import set_forward_context
 from mla_fuse_conformance import profiles
 from mla_fuse_conformance.engine_caches import (  # noqa: F401  (names for replaying a printed case)
     CacheLayout, EngineCaches, allocated_bytes, build_caches, pools_bitwise_equal,
@@ -205,7 +204,12 @@ def cache_hit_problems(run_: Run, counts: dict[str, int]) -> list[str]:
 
 
 def check_compile_case(case: CompileCase) -> None:
-    with torch.compiler.config.patch(cache_key_tag=f"mla_fuse-property-{uuid.uuid4().hex}"):
+    """Inductor compiles with ``emulate_precision_casts``: a generated kernel then rounds a bf16/fp16
+    intermediate where eager does (without it, an unfused native rope feeding another op in one
+    kernel keeps the rotated value in fp32: not eager's bits, and not the passes' doing); and with
+    a cache key of its own, so its first compile misses Inductor's FX graph cache and the second hits."""
+    with torch.compiler.config.patch(cache_key_tag=f"mla_fuse-property-{uuid.uuid4().hex}"), \
+            torch._inductor.config.patch(emulate_precision_casts=case.backend == "inductor"):
         _check(case)
 
 
@@ -256,6 +260,11 @@ EXPLICIT = [
     CompileCase(ModelSpec(("mla", "mha"), ("plain", "plain"), rope="deepseek_native", is_neox=True),
                 CacheLayout("chunked", "flash", hnd=True), "fp8", fp8_storage="float8", tokens=4, second_tokens=6,
                 padded=(1,), backend="inductor"),
+    # ... and with static shapes, the native MLA rope and a pre-rotation reader beside a fused MHA layer
+    CompileCase(ModelSpec(("mla", "mha", "mla"), ("plain", "plain", "pre_rotation_reader"), rope="native",
+                          mha=MhaGeometry(heads=3, kv_heads=1, head_size=12, rotary_dim=8)),
+                CacheLayout("separate", "flashinfer"), tokens=3, dynamic=False, backend="inductor",
+                settings=FusionSettings(level=3)),
 ]
 
 CI_EXAMPLES = 16

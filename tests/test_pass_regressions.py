@@ -179,3 +179,46 @@ def test_inductor_dynamic_tokens_fuse_copy_free_and_match_eager(level, eager_res
             _check_step(again, "pool_interleaved", 5, eager_results)
             assert mc.match_counts(again) == counts, "counts after an FX graph cache hit"
             assert mc.cache_hits(again) == 1, "the second compile should have come from the FX graph cache"
+
+
+# ------------------------------------------------------------------ the single-layer forms of items 1 and 2
+
+
+def _single_layer(kind: str, use_custom_op: bool):
+    torch.manual_seed(0)
+    if kind == "mla":
+        rope = RotaryEmbedding(8, 8, 64, 10000.0, False, use_custom_op=use_custom_op)
+        return MLAAttention(HIDDEN, 2, 8, 8, 8, 16, rope, LAYERS[0]).to(torch.bfloat16)
+    rope = RotaryEmbedding(HEAD, HEAD, 64, 10000.0, True, use_custom_op=use_custom_op)
+    return MHAAttention(HIDDEN, 4, KV_HEADS, HEAD, rope, LAYERS[1]).to(torch.bfloat16)
+
+
+def _single_layer_caches(kind: str):
+    layers, pools = engine_caches("pool_chunked")
+    return {name: entry for name, entry in layers.items() if name == LAYERS[0 if kind == "mla" else 1]}, pools
+
+
+@pytest.mark.parametrize("backend, kind, dynamic", [
+    ("light", "mla", True), ("light", "mha", True),   # item 1: native rope, dynamic tokens: counts read 0
+    ("inductor", "mla", False),                        # item 2: static shapes too: q_pe bound to k's chain
+])
+def test_native_rope_fuses_with_the_right_q_and_k(backend, kind, dynamic):
+    positions, hidden, slots = step(5, 7)
+    expected_caches, expected_pools = _single_layer_caches(kind)
+    with torch.no_grad(), set_forward_context(expected_caches, slots):
+        expected = _single_layer(kind, use_custom_op=True).forward_with_rope_outputs(positions, hidden)
+    caches, pools = _single_layer_caches(kind)
+    torch._dynamo.reset()
+    compiled = mc.compile(_single_layer(kind, use_custom_op=False).forward_with_rope_outputs, backend=backend)
+    if dynamic:
+        positions, hidden = positions.clone(), hidden.clone()
+        torch._dynamo.mark_dynamic(positions, 0)
+        torch._dynamo.mark_dynamic(hidden, 0)
+    with torch.no_grad(), set_forward_context(caches, slots):
+        result = compiled(positions, hidden)
+    counts = mc.match_counts(compiled)
+    assert counts["mla_rope_kvcache_fusion" if kind == "mla" else "rope_kvcache_fusion"] == 1, counts
+    for what, a, e in zip(("output", "q", "k"), result, expected):
+        assert_bitwise(a, e, what)
+    for i, (a, e) in enumerate(zip(pools, expected_pools)):
+        assert_bitwise(a, e, f"pool {i}")

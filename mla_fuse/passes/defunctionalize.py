@@ -10,8 +10,6 @@ write-backs that become identities, so the kernel writes q directly.
 
 from __future__ import annotations
 
-import operator
-
 import torch
 from torch import fx
 

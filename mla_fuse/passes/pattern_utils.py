@@ -189,6 +189,7 @@ def register_cached(pattern, key: tuple, patterns: pm.PatternMatcherPass,
     """Register ``pattern`` (``.pattern``/``.replacement``/``.example_inputs()``/``.extra_check``/``.name``)
     into ``patterns``, tracing it only the first time ``key`` is seen in this process. ``precheck`` runs
     on the structural match, before torch re-traces the pattern with the matched shapes."""
+    key = (*key, torch._inductor.config.emulate_precision_casts)  # it changes Inductor's canonical form
     entries = _TRACED.get(key)
     if entries is None:
         scratch = pm.PatternMatcherPass()
