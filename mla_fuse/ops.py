@@ -2,11 +2,18 @@
 
 Each operation has one custom-op definition (every written buffer in
 ``mutates_args``, its fake right below: in-place ops return nothing, so the
-fake only has to exist) and one public wrapper of the same name and
-signature plus ``check_values``: the wrapper validates with
-``mla_fuse.validation.check_<op>`` (bad input raises before anything is
-written), then calls ``torch.ops.mla_fuse.<op>``. Compiled graphs call the
-``torch.ops`` entry points directly.
+fake only checks that the tensors share a device; a real call that mixes in a
+``meta`` tensor dispatches to it) and one public wrapper of the
+same name and signature plus ``check_values``. The custom op's body validates
+with ``mla_fuse.validation.check_<op>`` and only then launches, so bad input
+raises before anything is written on every path into a kernel: the wrapper,
+and the ``torch.ops.mla_fuse.<op>`` entry point that compiled graphs call
+directly (docs/INPUTS.md lists the rules). The wrapper first checks what the
+dispatcher would otherwise coerce or reject with a RuntimeError (a non-tensor,
+``is_neox`` not a bool, a non-integral ``head_size``), then calls the op with
+value checks switched by ``check_values``. Each wrapper's ``custom_op``
+attribute is its ``torch.ops`` entry point (the suite's bad-input properties
+call it too).
 
 Shared conventions (named dims: ``T`` tokens, ``H`` query heads, ``Hkv`` KV
 heads, ``D`` head size, ``R`` rotary width, ``L`` latent width, ``NB``
@@ -30,7 +37,10 @@ blocks, ``B`` block size, ``P`` table rows):
   an IEEE division, round to nearest even, saturation to the finite max
   (inf too), NaN kept (``0x7F | sign``). fp8 caches may be ``torch.uint8``
   or the matching ``torch.float8_*`` dtype (same code bits). Scales are fp32
-  device tensors (never synced), ignored for non-fp8 caches.
+  device tensors (never synced unless value checks are on), ignored for
+  non-fp8 caches.
+* Every size but ``T`` must be positive; no written buffer may overlap
+  another argument or itself (an expanded view).
 """
 
 from __future__ import annotations
@@ -50,29 +60,35 @@ Tensor = torch.Tensor
 @torch.library.custom_op("mla_fuse::rotary_embedding", mutates_args=("query", "key"))
 def _rotary_embedding(positions: Tensor, query: Tensor, key: Optional[Tensor], head_size: int,
                       cos_sin_cache: Tensor, is_neox: bool) -> None:
+    validation.check_rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
     rope_kernel.launch(positions, query, key, head_size, cos_sin_cache, is_neox)
 
 
 @_rotary_embedding.register_fake
 def _(positions, query, key, head_size, cos_sin_cache, is_neox) -> None:
-    return None
+    validation.require_same_device("rotary_embedding", positions=positions, query=query, key=key,
+                                   cos_sin_cache=cos_sin_cache)
 
 
 @torch.library.custom_op("mla_fuse::concat_and_cache_mla", mutates_args=("kv_cache",))
 def _concat_and_cache_mla(kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor, slot_mapping: Tensor, kv_cache_dtype: str,
                           scale: Tensor) -> None:
+    validation.check_concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale)
     mla_cache.launch(kv_c, k_pe, kv_cache, slot_mapping, validation.fp8_format(kv_cache_dtype), scale)
 
 
 @_concat_and_cache_mla.register_fake
 def _(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale) -> None:
-    return None
+    validation.require_same_device("concat_and_cache_mla", kv_c=kv_c, k_pe=k_pe, kv_cache=kv_cache,
+                                   slot_mapping=slot_mapping, scale=scale)
 
 
 @torch.library.custom_op("mla_fuse::concat_and_cache_mla_rope_fused", mutates_args=("q_pe", "k_pe", "kv_cache"))
 def _concat_and_cache_mla_rope_fused(positions: Tensor, q_pe: Tensor, k_pe: Tensor, kv_c: Tensor,
                                      cos_sin_cache: Tensor, is_neox: bool, slot_mapping: Tensor, kv_cache: Tensor,
                                      kv_cache_dtype: str, kv_cache_scale: Tensor) -> None:
+    validation.check_concat_and_cache_mla_rope_fused(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox,
+                                                     slot_mapping, kv_cache, kv_cache_dtype, kv_cache_scale)
     mla_rope_cache.launch(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, slot_mapping, kv_cache,
                           validation.fp8_format(kv_cache_dtype), kv_cache_scale)
 
@@ -80,19 +96,25 @@ def _concat_and_cache_mla_rope_fused(positions: Tensor, q_pe: Tensor, k_pe: Tens
 @_concat_and_cache_mla_rope_fused.register_fake
 def _(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, slot_mapping, kv_cache, kv_cache_dtype,
       kv_cache_scale) -> None:
-    return None
+    validation.require_same_device("concat_and_cache_mla_rope_fused", positions=positions, q_pe=q_pe, k_pe=k_pe,
+                                   kv_c=kv_c, cos_sin_cache=cos_sin_cache, slot_mapping=slot_mapping,
+                                   kv_cache=kv_cache, kv_cache_scale=kv_cache_scale)
 
 
 @torch.library.custom_op("mla_fuse::reshape_and_cache_flash", mutates_args=("key_cache", "value_cache"))
 def _reshape_and_cache_flash(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
                              slot_mapping: Tensor, kv_cache_dtype: str, k_scale: Tensor, v_scale: Tensor) -> None:
+    validation.check_reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+                                             k_scale, v_scale)
     flash_cache.launch(key, value, key_cache, value_cache, slot_mapping, validation.fp8_format(kv_cache_dtype),
                        k_scale, v_scale)
 
 
 @_reshape_and_cache_flash.register_fake
 def _(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale) -> None:
-    return None
+    validation.require_same_device("reshape_and_cache_flash", key=key, value=value, key_cache=key_cache,
+                                   value_cache=value_cache, slot_mapping=slot_mapping, k_scale=k_scale,
+                                   v_scale=v_scale)
 
 
 @torch.library.custom_op("mla_fuse::rope_and_reshape_and_cache_flash",
@@ -101,6 +123,9 @@ def _rope_and_reshape_and_cache_flash(positions: Tensor, query: Tensor, key: Ten
                                       key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor,
                                       cos_sin_cache: Tensor, is_neox: bool, kv_cache_dtype: str, k_scale: Tensor,
                                       v_scale: Tensor) -> None:
+    validation.check_rope_and_reshape_and_cache_flash(positions, query, key, value, key_cache, value_cache,
+                                                      slot_mapping, cos_sin_cache, is_neox, kv_cache_dtype,
+                                                      k_scale, v_scale)
     flash_rope_cache.launch(positions, query, key, value, key_cache, value_cache, slot_mapping, cos_sin_cache,
                             is_neox, validation.fp8_format(kv_cache_dtype), k_scale, v_scale)
 
@@ -108,10 +133,41 @@ def _rope_and_reshape_and_cache_flash(positions: Tensor, query: Tensor, key: Ten
 @_rope_and_reshape_and_cache_flash.register_fake
 def _(positions, query, key, value, key_cache, value_cache, slot_mapping, cos_sin_cache, is_neox, kv_cache_dtype,
       k_scale, v_scale) -> None:
-    return None
+    validation.require_same_device("rope_and_reshape_and_cache_flash", positions=positions, query=query, key=key,
+                                   value=value, key_cache=key_cache, value_cache=value_cache,
+                                   slot_mapping=slot_mapping, cos_sin_cache=cos_sin_cache, k_scale=k_scale,
+                                   v_scale=v_scale)
 
 
-# ---------------------------------------------------------------- public wrappers (validate, then dispatch)
+# ---------------------------------------------------------------- public wrappers (argument types, then the op)
+
+_OPERATIONS = ("rotary_embedding", "concat_and_cache_mla", "concat_and_cache_mla_rope_fused",
+               "reshape_and_cache_flash", "rope_and_reshape_and_cache_flash")
+_ENTRY_POINTS = {name: getattr(torch.ops.mla_fuse, name).default for name in _OPERATIONS}
+# per operation: the positions of its tensor arguments, and (position, name, schema type) of the others
+_TENSOR_POSITIONS = {name: [i for i, a in enumerate(op._schema.arguments) if str(a.type) == "Tensor"]
+                     for name, op in _ENTRY_POINTS.items()}
+_OTHER_ARGUMENTS = {name: [(i, a.name, str(a.type)) for i, a in enumerate(op._schema.arguments)
+                          if str(a.type) != "Tensor"] for name, op in _ENTRY_POINTS.items()}
+
+
+def _call(name: str, arguments: tuple, check_values: bool | None) -> None:
+    """Check what the dispatcher would coerce or reject with a RuntimeError (a non-tensor, ``is_neox``
+    not a bool, a non-integral ``head_size``: ``validation.check_argument_type``), then run
+    ``torch.ops.mla_fuse.<name>``, which validates everything else, with value checks set by
+    ``check_values`` (``None``: ``MLA_FUSE_CHECK_VALUES`` decides)."""
+    if not all(isinstance(arguments[i], torch.Tensor) for i in _TENSOR_POSITIONS[name]):
+        schema = _ENTRY_POINTS[name]._schema.arguments
+        for i in _TENSOR_POSITIONS[name]:
+            validation.check_argument_type(name, schema[i].name, arguments[i], "Tensor")
+    arguments = list(arguments)
+    for i, argument, kind in _OTHER_ARGUMENTS[name]:
+        arguments[i] = validation.check_argument_type(name, argument, arguments[i], kind)
+    if check_values is None:
+        _ENTRY_POINTS[name](*arguments)
+        return
+    with validation.checking_values(check_values):
+        _ENTRY_POINTS[name](*arguments)
 
 
 def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox, *,
@@ -126,9 +182,7 @@ def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox, *
     halves of row ``positions[t]``: fp32 math, one rounding. Elements ``R..head_size``
     are untouched. Mutates ``query`` and ``key``.
     """
-    validation.check_rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox,
-                                      check_values=check_values)
-    torch.ops.mla_fuse.rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
+    _call("rotary_embedding", (positions, query, key, head_size, cos_sin_cache, is_neox), check_values)
 
 
 def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale, *,
@@ -143,9 +197,7 @@ def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, sca
     ``stored(x)`` is the bits of ``x`` or ``fp8(clamp(float32(x) / scale))``;
     ``slot = -1`` writes nothing. Mutates ``kv_cache``.
     """
-    validation.check_concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale,
-                                          check_values=check_values)
-    torch.ops.mla_fuse.concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale)
+    _call("concat_and_cache_mla", (kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale), check_values)
 
 
 def concat_and_cache_mla_rope_fused(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, slot_mapping, kv_cache,
@@ -163,11 +215,8 @@ def concat_and_cache_mla_rope_fused(positions, q_pe, k_pe, kv_c, cos_sin_cache, 
     ``fp8(clamp(float32(x) / scale))``; ``slot = -1`` writes nothing.
     Mutates ``q_pe``, ``k_pe`` and ``kv_cache``.
     """
-    validation.check_concat_and_cache_mla_rope_fused(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox,
-                                                     slot_mapping, kv_cache, kv_cache_dtype, kv_cache_scale,
-                                                     check_values=check_values)
-    torch.ops.mla_fuse.concat_and_cache_mla_rope_fused(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox,
-                                                       slot_mapping, kv_cache, kv_cache_dtype, kv_cache_scale)
+    _call("concat_and_cache_mla_rope_fused", (positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, slot_mapping,
+                                              kv_cache, kv_cache_dtype, kv_cache_scale), check_values)
 
 
 def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale, *,
@@ -182,10 +231,8 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv
     for values, ``stored(x, scale)`` being the bits or ``fp8(clamp(float32(x) / scale))``;
     ``slot = -1`` writes nothing. Mutates ``key_cache`` and ``value_cache``.
     """
-    validation.check_reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
-                                             k_scale, v_scale, check_values=check_values)
-    torch.ops.mla_fuse.reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
-                                               k_scale, v_scale)
+    _call("reshape_and_cache_flash", (key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
+                                      v_scale), check_values)
 
 
 def rope_and_reshape_and_cache_flash(positions, query, key, value, key_cache, value_cache, slot_mapping,
@@ -203,9 +250,10 @@ def rope_and_reshape_and_cache_flash(positions, query, key, value, key_cache, va
     ``stored(value[t, h], v_scale[h])``; ``slot = -1`` writes nothing.
     Mutates ``query``, ``key``, ``key_cache`` and ``value_cache``.
     """
-    validation.check_rope_and_reshape_and_cache_flash(positions, query, key, value, key_cache, value_cache,
-                                                      slot_mapping, cos_sin_cache, is_neox, kv_cache_dtype,
-                                                      k_scale, v_scale, check_values=check_values)
-    torch.ops.mla_fuse.rope_and_reshape_and_cache_flash(positions, query, key, value, key_cache, value_cache,
-                                                        slot_mapping, cos_sin_cache, is_neox, kv_cache_dtype,
-                                                        k_scale, v_scale)
+    _call("rope_and_reshape_and_cache_flash", (positions, query, key, value, key_cache, value_cache, slot_mapping,
+                                               cos_sin_cache, is_neox, kv_cache_dtype, k_scale,
+                                               v_scale), check_values)
+
+
+for _name in _OPERATIONS:
+    globals()[_name].custom_op = getattr(torch.ops.mla_fuse, _name)  # the entry point compiled graphs call

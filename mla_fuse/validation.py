@@ -1,25 +1,43 @@
-"""Argument checks shared by the operations (CONTRACT §4, "Bad input").
+"""Argument checks shared by the operations (CONTRACT §4, "Bad input"; the rules: docs/INPUTS.md).
 
-Every check raises ``ValueError`` or ``TypeError`` whose message names the
-operation and the argument and says what was expected and what came. The op
-wrappers call the checker of their operation before launching anything, so
-bad input never writes.
+Every check raises ``ValueError`` or ``TypeError`` whose message names the operation and the
+argument and says what was expected and what came. The custom ops of ``mla_fuse.ops`` run
+the checker of their operation in their body, before any launch, so the rules hold on every
+path into a kernel: the public wrappers and the ``torch.ops.mla_fuse.*`` entry points that
+compiled graphs call.
 
-Shape checks are free (metadata only). Value checks (position past the
-table, slot past the cache, duplicate valid slots) need a device sync; they
-run when ``check_values=True`` is passed or ``MLA_FUSE_CHECK_VALUES=1`` is set.
+Sync-free checks read only metadata (ranks, sizes, dtypes, strides, devices, and the
+addresses that tell whether a written buffer overlaps another argument); they always run.
+Value checks read tensor values with one device sync: a position past the table, a slot
+past the cache, a valid slot written twice, an fp8 scale that is not finite and positive.
+They run when ``check_values=True`` is passed to a public wrapper (``checking_values``) or
+``MLA_FUSE_CHECK_VALUES=1`` is set; without them such input reads or writes out of bounds.
+
+The sync-free verdict depends only on the arguments' metadata, so each checker remembers the
+layouts it passed (addresses, sizes, strides, dtypes, devices of the tensors and the other
+arguments as given, up to ``KNOWN_LAYOUTS_PER_OPERATION`` of them): a serving loop that calls
+an operation on the same buffers again pays for building that key, not for the checks.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import contextvars
+import functools
+import inspect
+import operator
 import os
 from typing import Sequence
 
 import torch
 
+from mla_fuse import overlap
+
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
 CHECK_VALUES_ENV_VAR = "MLA_FUSE_CHECK_VALUES"
+KNOWN_LAYOUTS_PER_OPERATION = 1024
 
 # kv_cache_dtype -> (fp8 format or None, the float8 torch dtype or None, the named dtype or None)
 _FP8_E4M3 = ("e4m3", torch.float8_e4m3fn, None)
@@ -40,11 +58,31 @@ def fp8_format(kv_cache_dtype: str) -> str | None:
     return KV_CACHE_DTYPES[kv_cache_dtype][0]
 
 
-def values_checked(check_values: bool | None) -> bool:
-    """Whether the syncing value checks run: the keyword, else the env var."""
+# ---------------------------------------------------------------- the value-check switch
+
+_CHECK_VALUES = contextvars.ContextVar("mla_fuse_check_values", default=None)
+
+
+def values_checked(check_values: bool | None = None) -> bool:
+    """Whether the syncing value checks run: the argument, else ``checking_values``, else the env var."""
+    if check_values is None:
+        check_values = _CHECK_VALUES.get()
     if check_values is not None:
         return bool(check_values)
     return os.environ.get(CHECK_VALUES_ENV_VAR, "0") not in ("", "0", "false", "False")
+
+
+@contextlib.contextmanager
+def checking_values(check_values: bool | None):
+    """Value checks on (``True``) or off (``False``) for the op calls inside; ``None`` changes nothing."""
+    if check_values is None:
+        yield
+        return
+    token = _CHECK_VALUES.set(bool(check_values))
+    try:
+        yield
+    finally:
+        _CHECK_VALUES.reset(token)
 
 
 # ---------------------------------------------------------------- primitives
@@ -54,6 +92,10 @@ def _describe(value) -> str:
     if isinstance(value, torch.Tensor):
         return f"Tensor(shape={tuple(value.shape)}, dtype={value.dtype}, device={value.device})"
     return f"{type(value).__name__} {value!r}"
+
+
+def _layout(tensor: torch.Tensor) -> str:
+    return f"shape {tuple(tensor.shape)}, strides {tuple(tensor.stride())}"
 
 
 def require_tensor(op: str, name: str, value, *, ndim: int | Sequence[int] | None = None,
@@ -86,6 +128,18 @@ def require_size(op: str, name: str, value: torch.Tensor, dim: int, expected: in
         )
 
 
+def require_nonempty(op: str, name: str, value: torch.Tensor, **what_of_dim: int) -> None:
+    """Sizes that must be positive (every size but the token count): ``what=dim``."""
+    if 0 not in value.shape:
+        return
+    for what, dim in what_of_dim.items():
+        if value.size(dim) == 0:
+            raise ValueError(
+                f"{op}: argument '{name}' has no {what.replace('_', ' ')} (size 0 in dim {dim}, shape "
+                f"{tuple(value.shape)}); every size but the token count must be positive"
+            )
+
+
 def require_same_dtype(op: str, reference_name: str, reference: torch.Tensor, **others: torch.Tensor) -> None:
     for name, tensor in others.items():
         if tensor.dtype != reference.dtype:
@@ -106,9 +160,62 @@ def require_same_device(op: str, **tensors: torch.Tensor | None) -> None:
             )
 
 
-def check_positions(op: str, positions, num_tokens: int) -> None:
+def require_same_tokens(op: str, **tokens: int) -> int:
+    """The token count most arguments agree on (the first named wins a tie); the odd one is named."""
+    first, *rest = tokens.values()
+    if all(count == first for count in rest):
+        return first
+    counts = collections.Counter(tokens.values())
+    agreed = counts.most_common(1)[0][0]
+    odd = next(name for name, count in tokens.items() if count != agreed)
+    others = " and ".join(f"'{name}'" for name, count in tokens.items() if count == agreed)
+    raise ValueError(
+        f"{op}: argument '{odd}' has {tokens[odd]} rows in dim 0 but {others} "
+        f"{'has' if counts[agreed] == 1 else 'have'} {agreed}; dim 0 is the token dim of every per-token argument"
+    )
+
+
+def check_no_overlap(op: str, written: dict[str, torch.Tensor | None], read: dict[str, torch.Tensor | None]) -> None:
+    """No written argument maps two indices to one element or shares memory with another argument
+    (``None`` arguments are skipped). Decided from addresses, sizes and strides (``mla_fuse.overlap``);
+    needs no device sync. Meta tensors have no memory and are never checked."""
+    if next(iter(written.values())).is_meta:
+        return
+    try:
+        found = overlap.first_overlap(written, read)
+    except overlap.TooHard as error:
+        raise ValueError(f"{op}: cannot tell whether the arguments {sorted(written)} overlap any other argument "
+                         f"({error}); pass buffers in ordinary layouts") from None
+    if found is None:
+        return
+    name, other = found
+    tensor = written[name]
+    if other is None:
+        raise ValueError(
+            f"{op}: argument '{name}' maps several indices to one element ({_layout(tensor)}: an expand()ed or "
+            "stride-0 view?); a written argument needs its own element at every index"
+        )
+    raise ValueError(
+        f"{op}: arguments '{name}' ({_layout(tensor)}) and '{other}' ({_layout(written.get(other, read.get(other)))}) "
+        "overlap in memory; an argument the operation writes must not share memory with any other"
+    )
+
+
+# ---------------------------------------------------------------- arguments of one kind
+
+
+def check_head_size(op: str, head_size) -> int:
+    """Any integer type (``int``, ``numpy.int64``), positive; returned as an ``int``."""
+    if isinstance(head_size, bool) or not hasattr(head_size, "__index__"):
+        raise TypeError(f"{op}: argument 'head_size' must be an integer, got {_describe(head_size)}")
+    head_size = operator.index(head_size)
+    if head_size <= 0:
+        raise ValueError(f"{op}: argument 'head_size' must be positive, got {head_size}")
+    return head_size
+
+
+def check_positions(op: str, positions) -> None:
     require_tensor(op, "positions", positions, ndim=1, dtypes=INDEX_DTYPES, inner_contiguous=False)
-    require_size(op, "positions", positions, 0, num_tokens, "one position per token")
 
 
 def check_slot_mapping(op: str, slot_mapping, num_tokens: int) -> None:
@@ -129,6 +236,7 @@ def check_cos_sin_cache(op: str, cos_sin_cache, query_dtype: torch.dtype, rotary
             f"{op}: argument 'cos_sin_cache' must be float32 or the input dtype ({query_dtype}), "
             f"got {cos_sin_cache.dtype}"
         )
+    require_nonempty(op, "cos_sin_cache", cos_sin_cache, rows=0)
     width = cos_sin_cache.size(1)
     if width % 2 != 0 or width == 0:
         raise ValueError(f"{op}: argument 'cos_sin_cache' must have an even, positive rotary width, got {width}")
@@ -152,8 +260,10 @@ def check_kv_cache_dtype(op: str, kv_cache_dtype) -> None:
 
 def check_cache_tensor(op: str, name: str, cache, ndim: int, kv_cache_dtype: str,
                        source_dtype: torch.dtype) -> None:
+    """The storage dtype for ``kv_cache_dtype``, and at least one slot (blocks and block size > 0)."""
     fp8, float8_dtype, named_dtype = KV_CACHE_DTYPES[kv_cache_dtype]
     require_tensor(op, name, cache, ndim=ndim)
+    require_nonempty(op, name, cache, blocks=0, entries_per_block=1)
     if fp8 is not None:
         if cache.dtype not in (torch.uint8, float8_dtype):
             raise TypeError(
@@ -187,119 +297,251 @@ def check_is_neox(op: str, is_neox) -> None:
         raise TypeError(f"{op}: argument 'is_neox' must be a bool, got {_describe(is_neox)}")
 
 
-# ---------------------------------------------------------------- value checks (sync)
+def check_argument_type(op: str, name: str, value, kind: str):
+    """What the ``torch.ops`` dispatcher would coerce or reject with a RuntimeError, checked first
+    by the public wrappers: ``kind`` is the schema type (``Tensor``, ``Optional[Tensor]``, ``int``,
+    ``bool``, ``str``). Returns the value as the op takes it (an ``int`` head size)."""
+    if kind == "Tensor" or (kind == "Optional[Tensor]" and value is not None):
+        require_tensor(op, name, value, inner_contiguous=False)
+    elif kind == "int":
+        return check_head_size(op, value) if name == "head_size" else operator.index(value)
+    elif kind == "bool":
+        check_is_neox(op, value)
+    elif kind == "str":
+        check_kv_cache_dtype(op, value)
+    return value
+
+
+# ---------------------------------------------------------------- value checks (one sync)
 
 
 def check_index_values(op: str, *, positions: torch.Tensor | None = None, num_positions: int | None = None,
-                 slot_mapping: torch.Tensor | None = None, num_slots: int | None = None) -> None:
-    """Checks that read tensor values (one device sync each); raise before any write."""
+                       slot_mapping: torch.Tensor | None = None, num_slots: int | None = None,
+                       scales: dict[str, torch.Tensor] | None = None) -> None:
+    """Checks that read tensor values, with one device sync; raise before any write.
+
+    Positions in ``[0, num_positions)``; valid slots (``>= 0``) below ``num_slots`` and each
+    used once; every element of ``scales`` finite and positive (fp8 caches divide by it).
+    """
+    summary = {}  # name -> 0-d int64 tensor on the device, read back together
     if positions is not None and positions.numel() > 0:
-        low, high = int(positions.min()), int(positions.max())
-        if low < 0 or high >= num_positions:
-            raise ValueError(
-                f"{op}: argument 'positions' must lie in [0, {num_positions}) (rows of cos_sin_cache), "
-                f"got values in [{low}, {high}]"
-            )
+        summary["low"], summary["high"] = positions.min().long(), positions.max().long()
     if slot_mapping is not None and slot_mapping.numel() > 0:
-        valid = slot_mapping[slot_mapping >= 0]
-        if valid.numel() > 0:
-            high = int(valid.max())
-            if high >= num_slots:
-                raise ValueError(
-                    f"{op}: argument 'slot_mapping' holds slot {high} but the cache has {num_slots} slots"
-                )
-            if torch.unique(valid).numel() != valid.numel():
-                raise ValueError(f"{op}: argument 'slot_mapping' holds a valid slot more than once")
+        slots = slot_mapping.long()
+        valid = slots >= 0
+        summary["top_slot"] = torch.where(valid, slots, -1).max()
+        summary["repeats"] = _repeated_slots(slots, valid)
+    for name, scale in (scales or {}).items():
+        summary[name] = (~(torch.isfinite(scale) & (scale > 0))).sum()
+    if not summary:
+        return
+    found = dict(zip(summary, torch.stack(list(summary.values())).tolist()))  # the one sync
+    if "low" in found and (found["low"] < 0 or found["high"] >= num_positions):
+        raise ValueError(_position_message(op, positions, num_positions, found))
+    if "top_slot" in found and found["top_slot"] >= num_slots:
+        token = int((slot_mapping.long() >= num_slots).nonzero()[0])
+        raise ValueError(
+            f"{op}: argument 'slot_mapping' holds slot {int(slot_mapping[token])} at token {token} but the cache "
+            f"has {num_slots} slots (blocks x block size)"
+        )
+    if found.get("repeats", 0):
+        raise ValueError(_repeated_slot_message(op, slot_mapping, found["repeats"]))
+    for name, scale in (scales or {}).items():
+        if found[name]:
+            raise ValueError(
+                f"{op}: argument '{name}' must be finite and positive (an fp8 code is x / {name}), "
+                f"got {scale.flatten()[:8].tolist()}"
+            )
+
+
+def _repeated_slots(slots: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """How many valid slots equal the one before them in sorted order (no sync)."""
+    padding_keys = -1 - torch.arange(slots.numel(), device=slots.device)  # distinct, never equal to a slot
+    ordered = torch.where(valid, slots, padding_keys).sort().values
+    return (ordered[1:] == ordered[:-1]).sum()
+
+
+def _position_message(op: str, positions: torch.Tensor, num_positions: int, found: dict) -> str:
+    token = int(((positions < 0) | (positions >= num_positions)).nonzero()[0])
+    return (f"{op}: argument 'positions' holds {int(positions[token])} at token {token}, outside [0, {num_positions}) "
+            f"(the rows of cos_sin_cache); its values span [{found['low']}, {found['high']}]")
+
+
+def _repeated_slot_message(op: str, slot_mapping: torch.Tensor, repeats: int) -> str:
+    slots = slot_mapping.long().cpu()
+    valid = slots[slots >= 0]
+    values, counts = valid.unique(return_counts=True)
+    slot = int(values[counts > 1][0])
+    tokens = (slots == slot).nonzero().flatten().tolist()
+    listed = ", ".join(map(str, tokens[:-1])) + f" and {tokens[-1]}"
+    more = f" ({repeats} repeats in all)" if repeats > len(tokens) - 1 else ""
+    return (f"{op}: argument 'slot_mapping' holds slot {slot} for tokens {listed}{more}; "
+            "a valid slot may be written by one token only")
+
+
+# ---------------------------------------------------------------- layouts already checked
+
+_KNOWN_LAYOUTS: dict[str, dict[tuple, None]] = {}  # checker name -> layouts it passed
+
+
+def forget_layouts() -> None:
+    """Forget every layout the checkers passed (the next call of each checks again)."""
+    for known in _KNOWN_LAYOUTS.values():
+        known.clear()
+
+
+def _layout_key(args: tuple) -> tuple | None:
+    """Everything the sync-free checks read: each tensor's type, address, sizes, strides, dtype and
+    device, and every other argument with its type. ``None`` when there is no such key (an unhashable
+    argument, a tensor without storage)."""
+    try:
+        key = tuple((type(value), value.data_ptr(), value.shape, value.stride(), value.dtype, value.device)
+                    if isinstance(value, torch.Tensor) else (type(value), value) for value in args)
+        hash(key)
+    except (TypeError, RuntimeError):
+        return None
+    return key
+
+
+def _remembering_layouts(checker):
+    """``checker(*args, check_values)``, skipping the sync-free checks for a layout it passed before;
+    with value checks on it always runs in full. Arguments may come by position or by name."""
+    known = _KNOWN_LAYOUTS.setdefault(checker.__name__, {})
+    names = tuple(inspect.signature(checker).parameters)[:-1]  # all but check_values
+
+    @functools.wraps(checker)
+    def check(*args, check_values: bool | None = None, **named) -> None:
+        if named:
+            args = (*args, *(named.pop(name) for name in names[len(args):] if name in named))
+        if named or len(args) != len(names):
+            checker(*args, **named, check_values=check_values)  # raises the TypeError of a wrong call
+            return
+        if values_checked(check_values):
+            checker(*args, check_values=True)
+            return
+        key = _layout_key(args)
+        if key is not None and key in known:
+            return
+        checker(*args, check_values=False)
+        if key is not None:
+            if len(known) >= KNOWN_LAYOUTS_PER_OPERATION:
+                known.clear()  # start over (atomic: calls from several threads stay safe)
+            known[key] = None
+
+    return check
 
 
 # ---------------------------------------------------------------- one checker per operation
 
 
 def _heads_view_size(op: str, name: str, tensor: torch.Tensor, head_size: int) -> int:
-    """Heads of a ``[T, heads, head_size]`` or ``[T, heads * head_size]`` tensor."""
+    """Heads of a ``[T, heads, head_size]`` or ``[T, heads * head_size]`` tensor (at least one)."""
     if tensor.dim() == 3:
         require_size(op, name, tensor, 2, head_size, "head_size")
+        require_nonempty(op, name, tensor, heads=1)
         return tensor.size(1)
-    if tensor.size(1) % head_size != 0:
+    if tensor.size(1) % head_size != 0 or tensor.size(1) == 0:
         raise ValueError(
-            f"{op}: argument '{name}' of shape {tuple(tensor.shape)} is not a whole number of heads of "
-            f"size {head_size}"
+            f"{op}: argument '{name}' of shape {tuple(tensor.shape)} is not a positive whole number of heads "
+            f"of size {head_size}"
         )
     return tensor.size(1) // head_size
 
 
+@_remembering_layouts
 def check_rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox,
                            check_values: bool | None = None) -> None:
     op = "rotary_embedding"
+    head_size = check_head_size(op, head_size)
     require_tensor(op, "query", query, ndim=(2, 3), dtypes=FLOAT_DTYPES)
-    if not isinstance(head_size, int) or isinstance(head_size, bool) or head_size <= 0:
-        raise TypeError(f"{op}: argument 'head_size' must be a positive int, got {_describe(head_size)}")
-    num_tokens = query.size(0)
-    _heads_view_size(op, "query", query, head_size)
-    if key is not None:
+    check_positions(op, positions)
+    if key is None:
+        require_same_tokens(op, positions=positions.size(0), query=query.size(0))
+    else:
         require_tensor(op, "key", key, ndim=(2, 3), dtypes=FLOAT_DTYPES)
         require_same_dtype(op, "query", query, key=key)
-        require_size(op, "key", key, 0, num_tokens, "tokens of 'query'")
+        require_same_tokens(op, positions=positions.size(0), query=query.size(0), key=key.size(0))
         _heads_view_size(op, "key", key, head_size)
-    check_positions(op, positions, num_tokens)
+    _heads_view_size(op, "query", query, head_size)
     check_cos_sin_cache(op, cos_sin_cache, query.dtype, None, head_size)
     check_is_neox(op, is_neox)
     require_same_device(op, positions=positions, query=query, key=key, cos_sin_cache=cos_sin_cache)
+    check_no_overlap(op, dict(query=query, key=key), dict(positions=positions, cos_sin_cache=cos_sin_cache))
     if values_checked(check_values):
         check_index_values(op, positions=positions, num_positions=cos_sin_cache.size(0))
 
 
 def _check_mla_cache_args(op: str, kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale,
-                          scale_name: str = "scale") -> None:
+                          scale_name: str = "scale", **other_tokens: int) -> int:
+    """The arguments both MLA operations take; returns the token count."""
     require_tensor(op, "kv_c", kv_c, ndim=2, dtypes=FLOAT_DTYPES)
     require_tensor(op, "k_pe", k_pe, ndim=2, dtypes=FLOAT_DTYPES)
     require_same_dtype(op, "kv_c", kv_c, k_pe=k_pe)
-    num_tokens = kv_c.size(0)
-    require_size(op, "k_pe", k_pe, 0, num_tokens, "tokens of 'kv_c'")
+    num_tokens = require_same_tokens(op, kv_c=kv_c.size(0), k_pe=k_pe.size(0), **other_tokens)
+    require_nonempty(op, "kv_c", kv_c, latent_width=1)
+    require_nonempty(op, "k_pe", k_pe, rotary_width=1)
     check_kv_cache_dtype(op, kv_cache_dtype)
     check_cache_tensor(op, "kv_cache", kv_cache, 3, kv_cache_dtype, kv_c.dtype)
     require_size(op, "kv_cache", kv_cache, 2, kv_c.size(1) + k_pe.size(1), "entry width L + R")
     check_slot_mapping(op, slot_mapping, num_tokens)
     check_scale(op, scale_name, scale)
+    return num_tokens
 
 
+def _fp8_scales(kv_cache_dtype: str, **scales: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The scales a value check must see: only an fp8 cache divides by them."""
+    return scales if fp8_format(kv_cache_dtype) is not None else {}
+
+
+@_remembering_layouts
 def check_concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale,
                                check_values: bool | None = None) -> None:
     op = "concat_and_cache_mla"
     _check_mla_cache_args(op, kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale)
     require_same_device(op, kv_c=kv_c, k_pe=k_pe, kv_cache=kv_cache, slot_mapping=slot_mapping, scale=scale)
+    check_no_overlap(op, dict(kv_cache=kv_cache), dict(kv_c=kv_c, k_pe=k_pe, slot_mapping=slot_mapping, scale=scale))
     if values_checked(check_values):
-        check_index_values(op, slot_mapping=slot_mapping, num_slots=kv_cache.size(0) * kv_cache.size(1))
+        check_index_values(op, slot_mapping=slot_mapping, num_slots=kv_cache.size(0) * kv_cache.size(1),
+                           scales=_fp8_scales(kv_cache_dtype, scale=scale))
 
 
+@_remembering_layouts
 def check_concat_and_cache_mla_rope_fused(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, slot_mapping,
                                           kv_cache, kv_cache_dtype, kv_cache_scale,
                                           check_values: bool | None = None) -> None:
     op = "concat_and_cache_mla_rope_fused"
     require_tensor(op, "q_pe", q_pe, ndim=3, dtypes=FLOAT_DTYPES)
-    _check_mla_cache_args(op, kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, kv_cache_scale, "kv_cache_scale")
+    check_positions(op, positions)
+    _check_mla_cache_args(op, kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, kv_cache_scale, "kv_cache_scale",
+                          q_pe=q_pe.size(0), positions=positions.size(0))
     require_same_dtype(op, "kv_c", kv_c, q_pe=q_pe)
-    require_size(op, "q_pe", q_pe, 0, kv_c.size(0), "tokens of 'kv_c'")
     rotary_dim = k_pe.size(1)
     require_size(op, "q_pe", q_pe, 2, rotary_dim, "rotary width R of 'k_pe'")
-    check_positions(op, positions, kv_c.size(0))
+    require_nonempty(op, "q_pe", q_pe, heads=1)
     check_cos_sin_cache(op, cos_sin_cache, q_pe.dtype, rotary_dim, rotary_dim)
     check_is_neox(op, is_neox)
     require_same_device(op, positions=positions, q_pe=q_pe, k_pe=k_pe, kv_c=kv_c, cos_sin_cache=cos_sin_cache,
                         slot_mapping=slot_mapping, kv_cache=kv_cache, kv_cache_scale=kv_cache_scale)
+    check_no_overlap(op, dict(q_pe=q_pe, k_pe=k_pe, kv_cache=kv_cache),
+                     dict(kv_c=kv_c, positions=positions, cos_sin_cache=cos_sin_cache, slot_mapping=slot_mapping,
+                          kv_cache_scale=kv_cache_scale))
     if values_checked(check_values):
         check_index_values(op, positions=positions, num_positions=cos_sin_cache.size(0), slot_mapping=slot_mapping,
-                     num_slots=kv_cache.size(0) * kv_cache.size(1))
+                           num_slots=kv_cache.size(0) * kv_cache.size(1),
+                           scales=_fp8_scales(kv_cache_dtype, kv_cache_scale=kv_cache_scale))
 
 
 def _check_flash_cache_args(op: str, key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
-                            k_scale, v_scale) -> None:
+                            k_scale, v_scale, **other_tokens: int) -> int:
+    """The arguments both MHA operations take; returns the token count."""
     require_tensor(op, "key", key, ndim=3, dtypes=FLOAT_DTYPES)
     require_tensor(op, "value", value, ndim=3, dtypes=FLOAT_DTYPES)
     require_same_dtype(op, "key", key, value=value)
-    num_tokens, num_kv_heads = key.size(0), key.size(1)
-    require_size(op, "value", value, 0, num_tokens, "tokens of 'key'")
+    num_tokens = require_same_tokens(op, key=key.size(0), value=value.size(0), **other_tokens)
+    require_nonempty(op, "key", key, kv_heads=1, head_size=2)
+    num_kv_heads = key.size(1)
     require_size(op, "value", value, 1, num_kv_heads, "KV heads of 'key'")
+    require_nonempty(op, "value", value, head_size=2)
     check_kv_cache_dtype(op, kv_cache_dtype)
     check_cache_tensor(op, "key_cache", key_cache, 4, kv_cache_dtype, key.dtype)
     check_cache_tensor(op, "value_cache", value_cache, 4, kv_cache_dtype, key.dtype)
@@ -312,37 +554,47 @@ def _check_flash_cache_args(op: str, key, value, key_cache, value_cache, slot_ma
     check_slot_mapping(op, slot_mapping, num_tokens)
     check_scale(op, "k_scale", k_scale, num_kv_heads)
     check_scale(op, "v_scale", v_scale, num_kv_heads)
+    return num_tokens
 
 
+@_remembering_layouts
 def check_reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
                                   v_scale, check_values: bool | None = None) -> None:
     op = "reshape_and_cache_flash"
     _check_flash_cache_args(op, key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale)
     require_same_device(op, key=key, value=value, key_cache=key_cache, value_cache=value_cache,
                         slot_mapping=slot_mapping, k_scale=k_scale, v_scale=v_scale)
+    check_no_overlap(op, dict(key_cache=key_cache, value_cache=value_cache),
+                     dict(key=key, value=value, slot_mapping=slot_mapping, k_scale=k_scale, v_scale=v_scale))
     if values_checked(check_values):
-        check_index_values(op, slot_mapping=slot_mapping, num_slots=key_cache.size(0) * key_cache.size(1))
+        check_index_values(op, slot_mapping=slot_mapping, num_slots=key_cache.size(0) * key_cache.size(1),
+                           scales=_fp8_scales(kv_cache_dtype, k_scale=k_scale, v_scale=v_scale))
 
 
+@_remembering_layouts
 def check_rope_and_reshape_and_cache_flash(positions, query, key, value, key_cache, value_cache, slot_mapping,
                                            cos_sin_cache, is_neox, kv_cache_dtype, k_scale, v_scale,
                                            check_values: bool | None = None) -> None:
     op = "rope_and_reshape_and_cache_flash"
-    _check_flash_cache_args(op, key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale)
     require_tensor(op, "query", query, ndim=3, dtypes=FLOAT_DTYPES)
+    check_positions(op, positions)
+    _check_flash_cache_args(op, key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale,
+                            query=query.size(0), positions=positions.size(0))
     require_same_dtype(op, "key", key, query=query)
-    require_size(op, "query", query, 0, key.size(0), "tokens of 'key'")
     require_size(op, "query", query, 2, key.size(2), "head size of 'key'")
-    if query.size(1) % key.size(1) != 0:
+    if query.size(1) % key.size(1) != 0 or query.size(1) == 0:
         raise ValueError(
-            f"{op}: argument 'query' has {query.size(1)} heads, not a multiple of the {key.size(1)} KV heads"
+            f"{op}: argument 'query' has {query.size(1)} heads, not a positive multiple of the {key.size(1)} KV heads"
         )
-    check_positions(op, positions, key.size(0))
     check_cos_sin_cache(op, cos_sin_cache, key.dtype, None, key.size(2))
     check_is_neox(op, is_neox)
     require_same_device(op, positions=positions, query=query, key=key, value=value, key_cache=key_cache,
                         value_cache=value_cache, slot_mapping=slot_mapping, cos_sin_cache=cos_sin_cache,
                         k_scale=k_scale, v_scale=v_scale)
+    check_no_overlap(op, dict(query=query, key=key, key_cache=key_cache, value_cache=value_cache),
+                     dict(value=value, positions=positions, slot_mapping=slot_mapping, cos_sin_cache=cos_sin_cache,
+                          k_scale=k_scale, v_scale=v_scale))
     if values_checked(check_values):
         check_index_values(op, positions=positions, num_positions=cos_sin_cache.size(0), slot_mapping=slot_mapping,
-                     num_slots=key_cache.size(0) * key_cache.size(1))
+                           num_slots=key_cache.size(0) * key_cache.size(1),
+                           scales=_fp8_scales(kv_cache_dtype, k_scale=k_scale, v_scale=v_scale))

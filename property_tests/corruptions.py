@@ -1,9 +1,17 @@
-"""Bad input (CONTRACT §4): one named corruption of a valid argument set per entry.
+"""Bad input (CONTRACT §4; the rules: docs/INPUTS.md): one named corruption of a valid argument set per entry.
 
 Each corruption takes the built arguments of a valid case and returns the corrupted
-arguments, the argument names an error message may name (any one of them), and whether
-the check needs ``check_values`` (a device sync: positions past the table, slots past
-the cache, duplicate valid slots). New tensors are fresh allocations; the case's own
+arguments, the argument names an error message may name (any one of them), whether the
+check needs ``check_values`` (a device sync: positions past the table, slots past the
+cache, duplicate valid slots, fp8 scales that are not finite and positive), and whether
+the implementation's graph entry point (``custom_op``, what compiled graphs call without
+the wrapper) must reject it too: every corruption but those the ``torch.ops`` dispatcher
+itself coerces or rejects (``is_neox=1`` becomes ``True``, a float head size a RuntimeError).
+
+The classes: shapes, dtypes and strides; devices; zero sizes (every size but the token
+count must be positive); aliasing (a written argument overlapping another argument or
+itself, an expanded view); values (positions, slots, fp8 scales). New tensors are fresh
+allocations or views of the case's own buffers that the corruption only reads; the case's
 buffers are never modified, so "nothing was written" is a bitwise comparison.
 """
 
@@ -23,7 +31,8 @@ class NotApplicable(Exception):
 class Corrupted:
     args: dict
     names: tuple[str, ...]
-    check_values: bool = False
+    check_values: bool = False  # needs the syncing value checks
+    direct: bool = True  # the graph entry point (torch.ops) must reject it as well
 
 
 def _fresh(shape, dtype, device, inner_stride: int = 1) -> torch.Tensor:
@@ -44,6 +53,49 @@ def _replace(built, names, check_values=False, **changes) -> Corrupted:
     args = dict(built.args)
     args.update(changes)
     return Corrupted(args, names, check_values)
+
+
+def _not_for_direct_calls(corrupted: Corrupted) -> Corrupted:
+    """The dispatcher of a ``torch.ops`` entry point coerces or rejects this argument itself."""
+    return dataclasses.replace(corrupted, direct=False)
+
+
+def _expanded(tensor: torch.Tensor) -> torch.Tensor:
+    """A stride-0 view over the first entry of the first dim (of size > 1): every index, one element."""
+    dim = next((d for d, size in enumerate(tensor.shape) if size > 1), None)
+    if dim is None:
+        raise NotApplicable("no dim of size > 1 to expand")
+    return tensor.narrow(dim, 0, 1).expand(tensor.shape)
+
+
+def _overlapping_view(tensor: torch.Tensor, shape) -> torch.Tensor:
+    """A view of ``shape`` over ``tensor``'s first element, with ``tensor``'s strides (same storage)."""
+    strides = tensor.stride()[-len(shape):]
+    try:
+        return torch.as_strided(tensor, shape, strides, tensor.storage_offset())
+    except RuntimeError as error:  # would reach past the storage
+        raise NotApplicable(f"no overlapping view of shape {tuple(shape)}: {error}") from None
+
+
+def _fp8_with_scale(built, cache_names, scale_name: str, bad: float, per_head: bool = False) -> Corrupted:
+    """The case with fresh uint8 fp8 caches and a ``scale_name`` holding ``bad`` (one element, or the last
+    of a per-head scale): a value error only the value checks can see."""
+    heads = built.args["key"].size(1) if per_head else 1
+    scale = torch.ones(heads, device=built.device)
+    scale[-1] = bad
+    caches = {name: _fresh(tuple(built.args[name].shape), torch.uint8, built.device) for name in cache_names}
+    names = SCALE if scale_name == "scale" else (scale_name,)
+    return _replace(built, names, True, kv_cache_dtype="fp8", **caches, **{scale_name: scale})
+
+
+def _auto_caches_with_reader_inside(built, caches, cache: str, reader: str) -> Corrupted:
+    """Fresh ``auto`` caches of the source dtype, and ``reader`` (a read-only argument) replaced by a view
+    into the memory of ``cache``: a read that the write changes underneath."""
+    source = built.args[reader]
+    fresh = {name: _fresh(tuple(built.args[name].shape), source.dtype, built.device) for name in caches}
+    entries = fresh[cache].view(-1, *fresh[cache].shape[2:])  # every slot, in order
+    inside = entries[:source.size(0)][(..., *(slice(0, size) for size in source.shape[1:]))]
+    return _replace(built, (reader, cache), kv_cache_dtype="auto", **fresh, **{reader: inside})
 
 
 def _retyped(tensor: torch.Tensor) -> torch.dtype:
@@ -87,7 +139,8 @@ def positions_corruptions() -> dict[str, Callable]:
         "position_negative": lambda b: _replace(b, ("positions",), True, positions=_positions_with(b, 0, -1)),
         "table_float64": lambda b: _replace(b, ("cos_sin_cache",), cos_sin_cache=b.args["cos_sin_cache"].double()),
         "table_rank_3": lambda b: _replace(b, ("cos_sin_cache",), cos_sin_cache=b.args["cos_sin_cache"][None]),
-        "is_neox_not_bool": lambda b: _replace(b, ("is_neox",), is_neox=int(b.args["is_neox"])),
+        "is_neox_not_bool": lambda b: _not_for_direct_calls(_replace(b, ("is_neox",), is_neox=int(b.args["is_neox"]))),
+        "table_no_rows": lambda b: _replace(b, ("cos_sin_cache",), cos_sin_cache=b.args["cos_sin_cache"][:0]),
         "table_on_other_device": lambda b: _replace(
             b, ("cos_sin_cache", "positions"),
             cos_sin_cache=b.args["cos_sin_cache"].to(_other_device(b.device))),
@@ -134,6 +187,11 @@ def rotary_embedding_corruptions() -> dict[str, Callable]:
         return _replace(b, ("cos_sin_cache",), cos_sin_cache=_fresh((table.size(0), table.size(1) - 1), table.dtype,
                                                                     b.device))
 
+    def key_overlaps_query(b):
+        query, head_size = b.args["query"], b.args["head_size"]
+        key = query[:, :1] if query.dim() == 3 else query[:, :head_size]  # the first query head
+        return _replace(b, ("key", "query"), key=key)
+
     return {
         **positions_corruptions(),
         "query_rank_too_high": lambda b: _replace(b, ("query",), query=b.args["query"][None, None]),
@@ -147,6 +205,15 @@ def rotary_embedding_corruptions() -> dict[str, Callable]:
         "head_size_not_dividing": head_size_not_dividing,
         "table_wider_than_head": table_wider_than_head,
         "odd_rotary_width": odd_rotary_width,
+        # zero sizes and integer types
+        "head_size_zero": lambda b: _replace(b, ("head_size",), head_size=0),
+        "head_size_float": lambda b: _not_for_direct_calls(_replace(b, ("head_size",),
+                                                                    head_size=float(b.args["head_size"]))),
+        "query_no_heads": lambda b: _replace(b, ("query",), query=b.args["query"][:, :0]),
+        # aliasing: the key rotated twice, or a query element mapped to by several indices
+        "key_is_query": lambda b: _replace(b, ("key", "query"), key=b.args["query"]),
+        "key_overlaps_query": key_overlaps_query,
+        "query_expanded": lambda b: _replace(b, ("query",), query=_expanded(b.args["query"])),
     }
 
 
@@ -175,6 +242,19 @@ def mla_cache_corruptions() -> dict[str, Callable]:
         "scale_float64": lambda b: _replace(b, SCALE, scale=b.args["scale"].double()),
         "scale_on_other_device": lambda b: _replace(b, SCALE + ("kv_c",),
                                                     scale=b.args["scale"].to(_other_device(b.device))),
+        # zero sizes
+        "cache_no_blocks": lambda b: _replace(b, ("kv_cache",), kv_cache=b.args["kv_cache"][:0]),
+        "cache_blocks_of_no_entries": lambda b: _replace(b, ("kv_cache",), kv_cache=b.args["kv_cache"][:, :0]),
+        "kv_c_no_latent": lambda b: _replace(b, ("kv_c",), kv_c=b.args["kv_c"][:, :0],
+                                             kv_cache=b.args["kv_cache"][..., b.args["kv_c"].size(1):]),
+        # aliasing
+        "cache_expanded": lambda b: _replace(b, ("kv_cache",), kv_cache=_expanded(b.args["kv_cache"])),
+        "kv_c_inside_cache": lambda b: _auto_caches_with_reader_inside(b, ("kv_cache",), "kv_cache", "kv_c"),
+        # fp8 scale values (value checks)
+        "scale_zero": lambda b: _fp8_with_scale(b, ("kv_cache",), "scale", 0.0),
+        "scale_negative": lambda b: _fp8_with_scale(b, ("kv_cache",), "scale", -0.5),
+        "scale_nan": lambda b: _fp8_with_scale(b, ("kv_cache",), "scale", float("nan")),
+        "scale_inf": lambda b: _fp8_with_scale(b, ("kv_cache",), "scale", float("inf")),
     }
 
 
@@ -195,6 +275,9 @@ def mla_fused_corruptions() -> dict[str, Callable]:
             b, ("q_pe",), q_pe=_fresh(tuple(b.args["q_pe"].shape), b.args["q_pe"].dtype, b.device, 2)),
         "table_wider_than_rotary": lambda b: table_width(b, b.args["k_pe"].size(1) + 2),
         "table_odd_width": lambda b: table_width(b, b.args["k_pe"].size(1) - 1),
+        "q_pe_no_heads": lambda b: _replace(b, ("q_pe",), q_pe=b.args["q_pe"][:, :0]),
+        "k_pe_overlaps_q_pe": lambda b: _replace(b, ("k_pe", "q_pe"), k_pe=b.args["q_pe"][:, 0, :]),
+        "q_pe_expanded": lambda b: _replace(b, ("q_pe",), q_pe=_expanded(b.args["q_pe"])),
     }
 
 
@@ -204,6 +287,13 @@ def flash_cache_corruptions() -> dict[str, Callable]:
         shape[dim] += delta
         tensor = _fresh(tuple(shape), dtype or b.args[name].dtype, b.device, inner_stride)
         return _replace(b, names or (name,), **{name: tensor})
+
+    def no_kv_heads(b):
+        heads = {name: b.args[name][:, :0] for name in ("key", "value")}
+        heads.update({name: b.args[name][:, :, :0] for name in ("key_cache", "value_cache")})
+        if "query" in b.args:
+            heads["query"] = b.args["query"][:, :0]
+        return _replace(b, ("key", "query"), **heads)
 
     return {
         **slot_corruptions("key_cache"),
@@ -221,6 +311,25 @@ def flash_cache_corruptions() -> dict[str, Callable]:
         "v_scale_float64": lambda b: _replace(b, ("v_scale",), v_scale=b.args["v_scale"].double()),
         "v_scale_on_other_device": lambda b: _replace(b, ("v_scale", "key"),
                                                       v_scale=b.args["v_scale"].to(_other_device(b.device))),
+        # zero sizes
+        "caches_no_blocks": lambda b: _replace(b, ("key_cache", "value_cache"), key_cache=b.args["key_cache"][:0],
+                                               value_cache=b.args["value_cache"][:0]),
+        "no_kv_heads": no_kv_heads,
+        "value_no_head_size": lambda b: _replace(b, ("value",), value=b.args["value"][..., :0],
+                                                 value_cache=b.args["value_cache"][..., :0]),
+        # aliasing
+        "value_cache_over_key_cache": lambda b: _replace(
+            b, ("value_cache", "key_cache"),
+            value_cache=_overlapping_view(b.args["key_cache"], tuple(b.args["value_cache"].shape))),
+        "key_cache_expanded": lambda b: _replace(b, ("key_cache",), key_cache=_expanded(b.args["key_cache"])),
+        "value_inside_value_cache": lambda b: _auto_caches_with_reader_inside(b, ("key_cache", "value_cache"),
+                                                                              "value_cache", "value"),
+        # fp8 scale values (value checks)
+        "k_scale_zero": lambda b: _fp8_with_scale(b, ("key_cache", "value_cache"), "k_scale", 0.0),
+        "v_scale_nan": lambda b: _fp8_with_scale(b, ("key_cache", "value_cache"), "v_scale", float("nan")),
+        "k_scale_inf": lambda b: _fp8_with_scale(b, ("key_cache", "value_cache"), "k_scale", float("inf")),
+        "v_scale_per_head_negative": lambda b: _fp8_with_scale(b, ("key_cache", "value_cache"), "v_scale", -1.0,
+                                                               per_head=True),
     }
 
 
@@ -243,6 +352,8 @@ def flash_fused_corruptions() -> dict[str, Callable]:
         "query_fewer_tokens": lambda b: query(b, 0, -1),
         "query_other_dtype": lambda b: query(b, 0, 0, _retyped(b.args["query"])),
         "table_wider_than_head": table_wider_than_head,
+        "key_overlaps_query": lambda b: _replace(b, ("key", "query"), key=b.args["query"][:, :b.args["key"].size(1)]),
+        "query_expanded": lambda b: _replace(b, ("query",), query=_expanded(b.args["query"])),
     }
 
 

@@ -28,6 +28,7 @@ from typing import Callable
 import pytest
 import torch
 from hypothesis import assume, example, given, settings
+from hypothesis import strategies as st
 from hypothesis import event as hypothesis_event
 from hypothesis import note as hypothesis_note
 from hypothesis import target as hypothesis_target
@@ -36,9 +37,12 @@ from hypothesis.errors import InvalidArgument
 from mla_fuse_conformance.protocol import OPERATION_ARGUMENTS
 from mla_fuse.validation import CHECK_VALUES_ENV_VAR
 from mla_fuse_conformance import build as builder
-from mla_fuse_conformance import comparisons, corruptions, oracle, strategies
-from mla_fuse_conformance.cases import BadInputCase, FlashCase, MlaCase, RopeCase
+from mla_fuse_conformance import comparisons, corruptions, oracle, profiles, strategies
+from mla_fuse_conformance.cases import BadInputCase, FlashCase, MlaCase
+from mla_fuse_conformance.features import features
 from mla_fuse_conformance.recording import RECORDER
+
+profiles.select_default()  # before the test modules read settings.default
 
 
 # The suite builds one buffer per name; the fused MLA op calls its scale buffer kv_cache_scale.
@@ -70,29 +74,80 @@ class NotProvided(Exception):
     """The implementation lacks an operation (or a declaration) the property needs."""
 
 
+class RequiredOperationMissing(AssertionError):
+    """An operation the implementation must provide (``required``, ``--require``) is missing: a failure."""
+
+
+ROPE_OPERATIONS = {"rotary_embedding", "concat_and_cache_mla_rope_fused", "rope_and_reshape_and_cache_flash"}
+
+
 @dataclasses.dataclass(frozen=True)
 class Property:
-    name: str  # "module:function", stable across runs
+    name: str  # "test_module:function", stable across runs and installs
     operations: tuple[str, ...]
-    strategies: tuple  # what the pytest test draws from (one per parametrized variant)
+    strategies: tuple  # the unrestricted cases (one strategy per parametrized variant)
     body: Callable
     examples: tuple = ()
     needs_input_checks: bool = False
     examples_per_variant: int | None = None  # None: the profile's max_examples
 
-    def run(self, impl, device, case):
-        """One example, outside or inside hypothesis: skip, note, events, record a failure."""
-        # stats first, so that a skip is reported under this property's operations too
-        stats = RECORDER.stats_for(self, impl, getattr(case, "corruption", None))
+    @property
+    def rotates(self) -> bool:
+        return bool(ROPE_OPERATIONS & set(self.operations))
+
+    def project(self, impl, case, capabilities=None):
+        """``case`` moved inside what ``impl`` declares for every operation of the property (or
+        inside ``capabilities``), or None where it cannot be (the example is rejected)."""
+        base = case.base if isinstance(case, BadInputCase) else case
+        for operation in self.operations:
+            if base is None:
+                return None
+            caps = capabilities if capabilities is not None else impl.caps(operation)
+            base = caps.project(base, self.rotates)
+        if base is None or not isinstance(case, BadInputCase):
+            return base
+        return dataclasses.replace(case, base=base)
+
+    def strategy_for(self, impl, variant: int = 0, capabilities=None):
+        """The cases this property draws for ``impl``: ``strategies[variant]`` moved inside its limits."""
+        return (self.strategies[variant].map(lambda case: self.project(impl, case, capabilities))
+                .filter(lambda case: case is not None))
+
+    def allows(self, impl, case) -> bool:
+        base = case.base if isinstance(case, BadInputCase) else case
+        return all(impl.caps(operation).allows(base, self.rotates) for operation in self.operations)
+
+    def check_provided(self, impl) -> None:
+        """Raise NotProvided (skip) or RequiredOperationMissing (fail) for a missing operation."""
         missing = [op for op in self.operations if not impl.provides(op)]
+        required = [op for op in missing if op in impl.required]
+        if required:
+            misspelled = "".join(f"; it has {attr!r}, which looks like {op!r}"
+                                 for attr, op in impl.near_misses.items() if op in required)
+            raise RequiredOperationMissing(f"{impl.name} does not provide the required operation "
+                                           f"{', '.join(required)}{misspelled}")
         if missing:
             raise NotProvided(f"{impl.name} does not provide {', '.join(missing)}")
         if self.needs_input_checks and not impl.checks_inputs:
             raise NotProvided(f"{impl.name} declares checks_inputs=False: the bad-input rule does not apply")
+
+    def run(self, impl, device, case, within_limits: bool = True):
+        """One example, outside or inside hypothesis: skip, note, events, record a failure.
+        ``within_limits=False`` runs a case outside the declared limits (the limit checks)."""
+        # stats first, so that a skip is reported under this property's operations too
+        stats = RECORDER.stats_for(self, impl, getattr(case, "corruption", None))
+        try:
+            self.check_provided(impl)
+        except RequiredOperationMissing as error:
+            RECORDER.failed(self, impl, device, case, error)
+            raise
+        if within_limits and not self.allows(impl, case):  # an explicit example outside the declared limits
+            assume(False)
         stats.examples += 1
         note(f"case = {case!r}")
-        for text in describe(case):
+        for text in describe(case, self.rotates):
             event(text)
+        RECORDER.starting(self, impl, device, case)
         try:
             outcome = self.body(impl, device, case)
         except corruptions.NotApplicable:
@@ -103,6 +158,8 @@ class Property:
             stats.failed_examples += 1
             RECORDER.failed(self, impl, device, case, error)
             raise
+        finally:
+            RECORDER.finished()
         return outcome
 
 
@@ -125,6 +182,26 @@ def property_named(name: str) -> Property:
     return PROPERTIES[short]
 
 
+# ---------------------------------------------------------------- the implementation of this pytest session
+
+_SESSION: dict[str, object] = {}
+
+
+def use_implementation(impl) -> None:
+    """Make ``impl`` the implementation whose declared limits the pytest properties draw within
+    (the suite's ``impl`` fixture calls this once per session)."""
+    _SESSION["impl"] = impl
+
+
+def _session_strategy(registered: Property, variant: int = 0):
+    def resolve():
+        if "impl" not in _SESSION:  # a property called without the suite's fixture: the whole contract
+            return registered.strategies[variant]
+        return registered.strategy_for(_SESSION["impl"], variant)
+
+    return st.deferred(resolve)
+
+
 def _run_or_skip(registered: Property, impl, device, case) -> None:
     try:
         registered.run(impl, device, case)
@@ -139,17 +216,17 @@ def _named_like(test, body):
 
 
 def prop(*operations: str, cases, examples=()):
-    """Decorate a body ``(impl, device, case)`` into a hypothesis test over ``cases``; each of
-    ``examples`` (found bugs) runs first, every time."""
+    """Decorate a body ``(impl, device, case)`` into a hypothesis test over ``cases`` (within the
+    implementation's declared limits); each of ``examples`` (found bugs) runs first, every time."""
 
     def decorate(body):
         registered = Property(_property_name(body), operations, (cases,), body, tuple(examples))
         PROPERTIES[registered.name] = registered
 
-        def test(impl, device, case):
-            _run_or_skip(registered, impl, device, case)
+        def test(mla_fuse_impl, mla_fuse_device, case):
+            _run_or_skip(registered, mla_fuse_impl, mla_fuse_device, case)
 
-        test = given(case=cases)(_named_like(test, body))
+        test = given(case=_session_strategy(registered))(_named_like(test, body))
         for case in reversed(registered.examples):
             test = example(case=case)(test)
         return test
@@ -168,12 +245,13 @@ def bad_input_prop(operation: str, examples_per_corruption: int):
         registered = Property(_property_name(body), (operation,), variants, body,
                               needs_input_checks=True, examples_per_variant=examples_per_corruption)
         PROPERTIES[registered.name] = registered
+        bases = Property(registered.name, (operation,), (strategies.BASE_CASES[operation](),), body)
 
-        def test(impl, device, corruption, base):
-            _run_or_skip(registered, impl, device, BadInputCase(operation, corruption, base))
+        def test(mla_fuse_impl, mla_fuse_device, corruption, base):
+            _run_or_skip(registered, mla_fuse_impl, mla_fuse_device, BadInputCase(operation, corruption, base))
 
-        test = given(base=strategies.BASE_CASES[operation]())(_named_like(test, body))
-        # settings.default is the selected profile by now (profiles load before collection)
+        test = given(base=_session_strategy(bases))(_named_like(test, body))
+        # settings.default is the selected profile by now (profiles.select_default() at import)
         examples = max(examples_per_corruption, settings.default.max_examples // 25)
         test = settings(max_examples=examples)(test)
         return pytest.mark.parametrize("corruption", names)(test)
@@ -184,51 +262,20 @@ def bad_input_prop(operation: str, examples_per_corruption: int):
 # ---------------------------------------------------------------- events (--hypothesis-show-statistics)
 
 
-def describe(case) -> list[str]:
-    """The kinds of case this example is, for hypothesis' statistics."""
+def describe(case, rotates: bool = True) -> list[str]:
+    """The kinds of case this example is, for hypothesis' statistics: its feature values
+    (``features.py``) and a few finer distinctions that are not capabilities."""
     if isinstance(case, BadInputCase):
         return [f"bad input: {case.operation}: {case.corruption}"]
-    tokens = "0" if case.tokens == 0 else "1" if case.tokens == 1 else "2-16" if case.tokens <= 16 else ">16"
-    found = [f"tokens: {tokens}", f"dtype: {case.dtype}"]
-    table = case.table
-    found.append(f"table: {table.style}, {table.dtype}" + (", > 4096 rows" if table.num_positions > 4096 else ""))
-    found.append(f"positions: {case.positions.pattern}, {case.positions.dtype}"
-                 + (", strided" if case.positions.stride > 1 else ""))
-    if isinstance(case, RopeCase):
-        found.append("partial rotary (R < D)" if table.rotary_dim < case.head_size else "full rotary (R == D)")
-        found.append("no key" if not case.kv_heads else f"query rank {case.rank}")
-        if case.qkv_packed or not case.query_place.is_plain() or not case.key_place.is_plain():
-            found.append("strided inputs (packed or padded views)")
-        return found
-    slots = case.slots
-    found.append(f"padding: {slots.padding}")
-    if slots.length < case.tokens:
-        found.append("slot_mapping shorter than T")
-    found.append(f"kv_cache_dtype: {case.kv_cache_dtype}" + (f" in {case.cache_storage}" if
-                                                             case.cache_storage != "source" else ""))
-    if not case.cache_place.is_plain():
-        found.append("cache is a view into a larger pool")
-    if case.values.nan_count:
-        found.append("NaN inputs")
-    if case.values.midpoint_fraction and case.kv_cache_dtype.startswith("fp8"):
+    found = [f"{axis}: {value}" for axis, value in features(case, rotates).items()]
+    if rotates:
+        table = case.table
+        found.append(f"table: {table.style}" + (", > 4096 rows" if table.num_positions > 4096 else ""))
+        found.append(f"positions: {case.positions.pattern}")
+    if isinstance(case, (MlaCase, FlashCase)) and case.values.midpoint_fraction \
+            and case.kv_cache_dtype.startswith("fp8"):
         found.append("values on fp8 rounding midpoints")
-    if isinstance(case, MlaCase):
-        if case.kv_packed or not case.kv_place.is_plain() or not case.q_place.is_plain():
-            found.append("strided inputs (packed or padded views)")
-        if case.scale.log2 != 0 or case.scale.mantissa != 1:
-            found.append("non-unit scale")
-        return found
-    assert isinstance(case, FlashCase)
-    found.append("partial rotary (R < D)" if table.rotary_dim < case.head_size else "full rotary (R == D)")
-    found.append({(0, 1, 2): "cache NHD", (0, 2, 1): "cache HND"}.get(tuple(case.cache_order),
-                                                                     "cache in another dim order"))
-    if case.shared_pool:
-        found.append("key and value caches share one pool")
-    if case.qkv_packed or not all(p.is_plain() for p in (case.query_place, case.key_place, case.value_place)):
-        found.append("strided inputs (packed or padded views)")
-    if case.k_scale.per_head or case.v_scale.per_head:
-        found.append("per-head scales")
-    if case.k_scale != case.v_scale:
+    if isinstance(case, FlashCase) and case.k_scale != case.v_scale:
         found.append("k_scale != v_scale")
     return found
 
@@ -306,27 +353,43 @@ def fused_equals_unfused(impl, device, case, fused: str) -> None:
 
 
 def rejects_bad_input(impl, device, case: BadInputCase) -> None:
-    """The corrupted call raises ValueError/TypeError naming the argument and changes nothing."""
+    """The corrupted call raises ValueError/TypeError naming the argument and changes nothing.
+
+    Value checks are on by default here; a rule that needs no sync must also hold with them
+    off. When the implementation's operation carries ``custom_op`` (the entry point compiled
+    graphs call, skipping the wrapper: ``torch.ops.mla_fuse.*`` for ours), it is called too.
+    """
     built = builder.build(case.base, device)
     corrupted = corruptions.corrupt(case.operation, case.corruption, built)
     before = built.snapshot()
     extra = {name: value.clone() for name, value in corrupted.args.items()
              if isinstance(value, torch.Tensor) and value is not built.args.get(name) and value.device.type != "meta"}
-    try:
-        call(impl, case.operation, corrupted.args, corrupted.check_values)
-    except (ValueError, TypeError) as error:
-        message = str(error)
-        named = [name for name in corrupted.names if re.search(rf"\b{re.escape(name)}\b", message)]
-        assert named, (f"{case.operation} rejected '{case.corruption}' but the message names none of "
-                       f"{corrupted.names}: {message!r}")
-    except Exception as error:  # noqa: BLE001 - any other failure is the finding
-        raise AssertionError(f"{case.operation} with '{case.corruption}' raised {type(error).__name__} "
-                             f"instead of ValueError/TypeError naming {corrupted.names}: {error}") from error
-    else:
-        raise AssertionError(f"{case.operation} accepted bad input '{case.corruption}' "
-                             f"(expected ValueError/TypeError naming one of {corrupted.names})")
-    comparisons.assert_buffers_equal(built.buffers, {n: b.flat for n, b in built.buffers.items()}, before,
-                                     f"{case.operation} wrote before rejecting '{case.corruption}'")
-    for name, clone in extra.items():
-        assert torch.equal(comparisons.memory.bits(corrupted.args[name]).cpu(), comparisons.memory.bits(clone).cpu()), \
-            f"{case.operation} wrote to argument '{name}' before rejecting '{case.corruption}'"
+    wrapper = impl.op(case.operation)
+    entry_points = {"": wrapper}
+    if corrupted.direct and getattr(wrapper, "custom_op", None) is not None:
+        entry_points[f" through {wrapper.custom_op} (the entry point compiled graphs call)"] = wrapper.custom_op
+    arguments = [corrupted.args[BUFFER_OF_ARGUMENT.get(name, name)] for name in OPERATION_ARGUMENTS[case.operation]]
+    runs = [(entry, function, check_values) for entry, function in entry_points.items()
+            for check_values in ((True,) if corrupted.check_values else (True, False))]
+    for entry, function, check_values in runs:
+        how = f"{entry} with value checks {'on' if check_values else 'off'}"
+        try:
+            with value_checks(check_values):
+                function(*arguments)
+        except (ValueError, TypeError) as error:
+            message = str(error)
+            named = [name for name in corrupted.names if re.search(rf"\b{re.escape(name)}\b", message)]
+            assert named, (f"{case.operation} rejected '{case.corruption}'{how} but the message names none of "
+                           f"{corrupted.names}: {message!r}")
+        except Exception as error:  # noqa: BLE001 - any other failure is the finding
+            raise AssertionError(f"{case.operation} with '{case.corruption}'{how} raised {type(error).__name__} "
+                                 f"instead of ValueError/TypeError naming {corrupted.names}: {error}") from error
+        else:
+            raise AssertionError(f"{case.operation} accepted bad input '{case.corruption}'{how} "
+                                 f"(expected ValueError/TypeError naming one of {corrupted.names})")
+        comparisons.assert_buffers_equal(built.buffers, {n: b.flat for n, b in built.buffers.items()}, before,
+                                         f"{case.operation} wrote before rejecting '{case.corruption}'{how}")
+        for name, clone in extra.items():
+            assert torch.equal(comparisons.memory.bits(corrupted.args[name]).cpu(),
+                               comparisons.memory.bits(clone).cpu()), \
+                f"{case.operation} wrote to argument '{name}' before rejecting '{case.corruption}'{how}"

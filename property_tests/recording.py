@@ -1,17 +1,18 @@
-"""What the properties leave behind: failure files for replay, and per-property metrics.
+"""What the properties leave behind: failure files for replay, in-flight examples, and metrics.
 
-Failures. The last failing example of a property (hypothesis replays the shrunk one
-last) is kept here; the conftest writes it to ``$MLA_FUSE_FAILURE_DIR`` (default
-``.mla_fuse_failures/`` at the repository root) as a small JSON file (property,
-implementation, device, the case with its seed) that ``python -m mla_fuse_conformance.repro``
-replays without hypothesis.
+Failures. The last failing example of a property (hypothesis replays the shrunk one last) is
+kept here; the suite's pytest plugin writes it to ``$MLA_FUSE_FAILURE_DIR`` (default
+``.mla_fuse_failures/`` under the current directory) as a small JSON file: property,
+implementation, device, the case with its seed, its feature values and how it failed (a wrong
+result, what the kernel raised, or a crash). ``mla-fuse repro FILE`` replays it without hypothesis.
 
-Metrics. With ``$MLA_FUSE_REPORT_DIR`` set, every property run appends one JSON line to
-``properties-<xdist worker or "main">.jsonl`` there:
-``{"property", "variant", "operations", "impl", "examples", "failed_examples", "worst_rope_ulps",
-"worst_rope_bound_fraction",
-"worst_fp8_code_diff", "padded_slot_cases", "saturation_cases", "outcome"}`` (``variant``: the
-corruption of a bad-input property, else null).
+In-flight examples. Before an example runs it is written to ``inflight_path()``; a process that
+dies (segfault, device error) leaves it there, and the plugin turns it into a failure file.
+
+Metrics. Each property's ``PropertyStats`` (examples, worst rope error as a fraction of the
+CONTRACT §5 bound and in ulps, worst fp8 code distance, padded and saturated cases) travel on the
+pytest report (``user_properties``) to the plugin, which writes them to ``outcomes.jsonl`` under
+``$MLA_FUSE_REPORT_DIR`` for ``mla-fuse verify``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,35 @@ def failure_dir() -> pathlib.Path:
 
 def worker_name() -> str:
     return os.environ.get("PYTEST_XDIST_WORKER", "main")
+
+
+INFLIGHT_ENV = "MLA_FUSE_INFLIGHT_FILE"
+
+
+def inflight_path(worker: str | None = None) -> pathlib.Path:
+    """Where the example about to run is written (``$MLA_FUSE_INFLIGHT_FILE``, else per worker in
+    the failure directory): what is left there after a crash is the crashing case."""
+    if worker is None and os.environ.get(INFLIGHT_ENV):
+        return pathlib.Path(os.environ[INFLIGHT_ENV])
+    return failure_dir() / f"inflight-{worker or worker_name()}.json"
+
+
+def failure_kind(error: BaseException) -> str:
+    """How an example failed: a wrong result (a CONTRACT §5 comparison), what the kernel raised, or
+    a crash (``executor.Crashed``)."""
+    if type(error).__name__ == "RequiredOperationMissing":
+        return "required operation missing"
+    if isinstance(error, AssertionError):
+        return "wrong result"
+    if hasattr(error, "how"):
+        return f"crashed ({error.how})"
+    return f"raised {getattr(error, 'original_type', type(error).__name__)}"
+
+
+def failure_record(prop, impl, device, case, error: BaseException) -> dict:
+    """What a failure file holds (before ``save_failure`` adds the replay commands)."""
+    return dict(Recorder.record(prop, impl, device, case), kind=failure_kind(error),
+                error_type=getattr(error, "original_type", type(error).__name__), error=str(error)[:4000])
 
 
 @dataclasses.dataclass
@@ -68,9 +98,12 @@ class Recorder:
     def __init__(self) -> None:
         self.reset()
 
+    track_inflight = False  # write each example before it runs (the suite's plugin turns it on)
+
     def reset(self) -> None:
         self.stats: PropertyStats | None = None
         self.last_failure: dict | None = None
+        self.nodeid: str | None = None
 
     def stats_for(self, prop, impl, variant: str | None = None) -> PropertyStats:
         if self.stats is None or (self.stats.property, self.stats.variant) != (prop.name, variant):
@@ -85,22 +118,46 @@ class Recorder:
                                                        outcome.worst_rope_bound_fraction)
             self.stats.worst_fp8_code_diff = max(self.stats.worst_fp8_code_diff, outcome.worst_fp8_code_diff)
 
+    def starting(self, prop, impl, device, case) -> None:
+        """Save the example before it runs, so a crash (segfault, device error) leaves it behind."""
+        if self.track_inflight:
+            path = inflight_path()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            record = self.record(prop, impl, device, case)
+            record.update(nodeid=self.nodeid, pid=os.getpid())
+            path.write_text(json.dumps(record, sort_keys=True))
+
+    def finished(self) -> None:
+        if self.track_inflight:
+            inflight_path().unlink(missing_ok=True)
+
     def failed(self, prop, impl, device, case, error: BaseException) -> None:
-        self.last_failure = {
-            "property": prop.name, "impl": impl.spec, "device": str(device),
-            "case": case_types.to_jsonable(case), "error_type": type(error).__name__, "error": str(error)[:4000],
-        }
+        self.last_failure = failure_record(prop, impl, device, case, error)
+
+    @staticmethod
+    def record(prop, impl, device, case) -> dict:
+        from mla_fuse_conformance.features import features
+
+        base = getattr(case, "base", case)
+        return {"property": prop.name, "operations": list(prop.operations), "impl": impl.spec, "device": str(device),
+                "case": case_types.to_jsonable(case), "features": features(base, prop.rotates)}
 
 
 RECORDER = Recorder()
 
 
 def replay_command(path: pathlib.Path) -> str:
+    """``mla-fuse repro FILE`` as it runs from the current directory: the file relative to it, and
+    the ``PYTHONPATH`` this run had (absolute), which an outside adapter may need to import."""
     try:
         shown = path.resolve().relative_to(pathlib.Path.cwd())
     except ValueError:
         shown = path
-    return f"mla-fuse repro {shlex.quote(str(shown))}"
+    prefix = ""
+    if os.environ.get("PYTHONPATH"):
+        entries = [str(pathlib.Path(entry).absolute()) for entry in os.environ["PYTHONPATH"].split(os.pathsep) if entry]
+        prefix = f"PYTHONPATH={shlex.quote(os.pathsep.join(entries))} "
+    return f"{prefix}mla-fuse repro {shlex.quote(str(shown))}"
 
 
 def save_failure(failure: dict, nodeid: str, profile: str) -> pathlib.Path:
@@ -116,36 +173,35 @@ def save_failure(failure: dict, nodeid: str, profile: str) -> pathlib.Path:
     path = directory / name
     record = dict(failure, nodeid=nodeid, profile=profile, hypothesis_version=hypothesis.__version__)
     record["replay"] = replay_command(path)
-    record["pytest"] = f"python -m pytest {shlex.quote(nodeid)} --impl={shlex.quote(failure['impl'])} " \
-                       f"--hypothesis-profile={profile}"
+    record["pytest"] = pytest_command(failure, nodeid, profile)
     path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     return path
 
 
+def pytest_command(failure: dict, nodeid: str, profile: str) -> str:
+    """The property's pytest item, addressed through the installed suite so it runs from anywhere."""
+    module, _, function = failure["property"].partition(":")
+    item = function + (nodeid.partition("::" + function)[2] if "::" + function in nodeid else "")
+    return (f"pytest --pyargs {shlex.quote(f'mla_fuse_conformance.{module}::{item}')} "
+            f"--impl={shlex.quote(failure['impl'])} --hypothesis-profile={profile}")
+
+
 def describe_failure(failure: dict, path: pathlib.Path, nodeid: str, profile: str) -> str:
-    """The text shown under a failing property: seed, shrunk case, and how to replay it."""
+    """The text shown under a failing property: what failed, seed, shrunk case, and how to replay it."""
+    from mla_fuse_conformance.features import describe
+
     case = case_types.from_jsonable(failure["case"])
     seed = case.base.seed if isinstance(case, case_types.BadInputCase) else case.seed
     return "\n".join([
         f"implementation: {failure['impl']}   device: {failure['device']}   case seed: {seed}",
+        f"failure:        {failure.get('kind', 'failed')} on {describe(failure.get('features', {}))}",
         f"shrunk case:    {case!r}",
         f"saved to:       {path}",
         f"replay exactly: {replay_command(path)}",
-        f"or with pytest: python -m pytest {shlex.quote(nodeid)} --impl={shlex.quote(failure['impl'])} "
-        f"--hypothesis-profile={profile}   (derandomized profiles regenerate it; others replay it from the "
-        f"example database)",
+        f"or with pytest: {pytest_command(failure, nodeid, profile)}   (derandomized profiles regenerate it; "
+        f"others replay it from the example database)",
         f"keep it:        add {case!r} to the property's examples=[...] (names from mla_fuse_conformance.cases)",
     ])
-
-
-def append_metrics(stats: PropertyStats | None, outcome: str) -> None:
-    directory = os.environ.get(REPORT_DIR_ENV)
-    if not directory or stats is None:
-        return
-    path = pathlib.Path(directory)
-    path.mkdir(parents=True, exist_ok=True)
-    with open(path / f"properties-{worker_name()}.jsonl", "a") as stream:
-        stream.write(json.dumps(stats.as_record(outcome), sort_keys=True) + "\n")
 
 
 # ---------------------------------------------------------------- the mutation self-test's report

@@ -44,10 +44,16 @@ def threshold(device: torch.device, bytes_needed_per_element: int) -> int:
     return GPU_THRESHOLD
 
 
-def _require(impl, *operations):
-    missing = [op for op in operations if not impl.provides(op)]
-    if missing:
-        pytest.skip(f"{impl.name} does not provide {', '.join(missing)}")
+def _require(impl, operation, case):
+    """``case`` inside what ``impl`` declares for ``operation`` (skip when it lacks the operation, or
+    no case of this shape is inside its declared limits)."""
+    if not impl.provides(operation):
+        pytest.skip(f"{impl.name} does not provide {operation}")
+    rotates = operation not in ("concat_and_cache_mla", "reshape_and_cache_flash")
+    within = impl.caps(operation).project(case, rotates)
+    if within is None:
+        pytest.skip(f"{impl.name} declares no support for {impl.caps(operation).violations(case, rotates)}")
+    return within
 
 
 def _checked_small_run(impl, case, operation, device):
@@ -75,8 +81,9 @@ def _huge_cache_like(small: torch.Tensor, limit: int) -> tuple[torch.Tensor, int
     (dataclasses.replace(FLASH, kv_cache_dtype="auto", cache_storage="source"), "reshape_and_cache_flash",
      ("key_cache", "value_cache")),
 ], ids=["mla-fused-fp8", "mla-auto", "flash-fused-fp8", "flash-auto"])
-def test_cache_entries_past_the_threshold(impl, device, case, operation, caches):
-    _require(impl, operation)
+def test_cache_entries_past_the_threshold(mla_fuse_impl, mla_fuse_device, case, operation, caches):
+    impl, device = mla_fuse_impl, mla_fuse_device
+    case = _require(impl, operation, case)
     limit = threshold(device, 2 * len(caches) * (1 if case.kv_cache_dtype != "auto" else 2))
     small = _checked_small_run(impl, case, operation, device)
     large = build.build(case, device)
@@ -100,15 +107,16 @@ def test_cache_entries_past_the_threshold(impl, device, case, operation, caches)
             f"{name}: a write landed outside the written entries (wrapped address?)"
 
 
-def test_query_rows_a_huge_stride_apart(impl, device):
-    _require(impl, "rotary_embedding")
+def test_query_rows_a_huge_stride_apart(mla_fuse_impl, mla_fuse_device):
+    impl, device = mla_fuse_impl, mla_fuse_device
+    case = _require(impl, "rotary_embedding", ROPE)
     limit = threshold(device, 2 * 2)
-    small = _checked_small_run(impl, ROPE, "rotary_embedding", device)
-    large = build.build(ROPE, device)
+    small = _checked_small_run(impl, case, "rotary_embedding", device)
+    large = build.build(case, device)
     query = large.args["query"]
     row = query[0].numel()
-    token_stride = limit // (ROPE.tokens - 1) + 1
-    pool = torch.empty(token_stride * (ROPE.tokens - 1) + row, dtype=query.dtype, device=device)
+    token_stride = limit // (case.tokens - 1) + 1
+    pool = torch.empty(token_stride * (case.tokens - 1) + row, dtype=query.dtype, device=device)
     pool.view(torch.int16).fill_(FILL)  # a NaN pattern: a wrong read shows in the result
     huge_query = torch.as_strided(pool, query.shape, (token_stride, *query.stride()[1:]), 0)
     huge_query.copy_(query)
@@ -116,6 +124,6 @@ def test_query_rows_a_huge_stride_apart(impl, device):
     harness.call(impl, "rotary_embedding", large.args)
     assert torch.equal(memory.bits(huge_query), memory.bits(small.args["query"])), \
         f"query rows {token_stride} elements apart rotated differently from packed rows"
-    for t in range(ROPE.tokens - 1):  # the memory between the rows
+    for t in range(case.tokens - 1):  # the memory between the rows
         between = pool.view(torch.int16)[t * token_stride + row: (t + 1) * token_stride]
         assert bool((between == FILL).all()), f"a write landed between query rows {t} and {t + 1}"

@@ -17,12 +17,19 @@ import torch
 from .rounding import round_once
 
 # ---------------------------------------------------------------- frequencies
+# The expressions follow the order vLLM and transformers evaluate them in (docs/INPUTS.md
+# "Tables"), in float64 by default (CONTRACT §1). With ``dtype=torch.float32`` the same
+# expressions give the engines' fp32 tables bit for bit (tests/test_rope_tables_transformers.py).
 
 
-def plain_inv_freq(rotary_dim: int, base: float) -> torch.Tensor:
-    """``inv_freq[i] = base^(-2i/R)``, ``i < R/2``."""
-    i = torch.arange(rotary_dim // 2, dtype=torch.float64)
-    return base ** (-2.0 * i / rotary_dim)
+def base_powers(rotary_dim: int, base: float, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """``base^(2i/R)``, ``i < R/2``."""
+    return base ** (torch.arange(0, rotary_dim, 2, dtype=dtype) / rotary_dim)
+
+
+def plain_inv_freq(rotary_dim: int, base: float, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """``inv_freq[i] = 1 / base^(2i/R)``, ``i < R/2``."""
+    return 1.0 / base_powers(rotary_dim, base, dtype)
 
 
 def yarn_correction_dim(num_rotations: float, rotary_dim: int, base: float, original_max_position: int) -> float:
@@ -44,44 +51,52 @@ def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
 
 
 def yarn_inv_freq(rotary_dim: int, base: float, factor: float, original_max_position: int,
-                  beta_fast: float = 32, beta_slow: float = 1, extrapolation_factor: float = 1) -> torch.Tensor:
-    """DeepSeek YaRN: blend extrapolated and interpolated frequencies with a linear ramp."""
+                  beta_fast: float = 32, beta_slow: float = 1, extrapolation_factor: float = 1,
+                  dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """DeepSeek YaRN: ``interpolated * (1 - mask) + extrapolated * mask`` with
+    ``extrapolated = 1 / base^(2i/R)``, ``interpolated = 1 / (factor * base^(2i/R))``,
+    ``mask = (1 - ramp) * extrapolation_factor``, ``ramp = clamp((i - low) / (high - low), 0, 1)``."""
     low, high = yarn_correction_range(rotary_dim, base, original_max_position, beta_fast, beta_slow)
     if low == high:
         high += 0.001  # avoid a zero-width ramp
-    i = torch.arange(rotary_dim // 2, dtype=torch.float64)
-    ramp = torch.clamp((i - low) / (high - low), 0, 1)
+    ramp = torch.clamp((torch.arange(rotary_dim // 2, dtype=dtype) - low) / (high - low), 0, 1)
     mask = (1 - ramp) * extrapolation_factor
-    extrapolated = plain_inv_freq(rotary_dim, base)
-    interpolated = extrapolated / factor
-    return extrapolated * mask + interpolated * (1 - mask)
+    powers = base_powers(rotary_dim, base, dtype)
+    extrapolated = 1.0 / powers
+    interpolated = 1.0 / (factor * powers)
+    return interpolated * (1 - mask) + extrapolated * mask
 
 
 # ---------------------------------------------------------------- tables
 
 
 def cos_sin_table(inv_freq: torch.Tensor, num_positions: int, magnitude: float = 1.0) -> torch.Tensor:
-    """float64 ``[P, R]``: ``magnitude * [cos(p * inv_freq) | sin(p * inv_freq)]``."""
-    angles = torch.outer(torch.arange(num_positions, dtype=torch.float64), inv_freq.to(torch.float64))
-    return torch.cat([angles.cos(), angles.sin()], dim=-1) * magnitude
+    """``[P, R]`` in ``inv_freq``'s dtype: ``cos(p * inv_freq) * magnitude | sin(p * inv_freq) * magnitude``."""
+    angles = torch.outer(torch.arange(num_positions, dtype=inv_freq.dtype), inv_freq)
+    return torch.cat([angles.cos() * magnitude, angles.sin() * magnitude], dim=-1)
 
 
 def plain_cos_sin_cache(rotary_dim: int, max_position: int, base: float = 10000.0,
-                        dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The plain table, rounded once to ``dtype``."""
-    return round_once(cos_sin_table(plain_inv_freq(rotary_dim, base), max_position), dtype)
+                        dtype: torch.dtype = torch.float32, compute_dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """The plain table, computed in ``compute_dtype`` and rounded once to ``dtype``."""
+    return _rounded(cos_sin_table(plain_inv_freq(rotary_dim, base, compute_dtype), max_position), dtype)
 
 
 def deepseek_yarn_cos_sin_cache(rotary_dim: int, original_max_position: int, base: float, factor: float,
                                 beta_fast: float = 32, beta_slow: float = 1, extrapolation_factor: float = 1,
                                 attn_factor: float = 1, mscale: float = 1, mscale_all_dim: float = 0,
-                                dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The DeepSeek YaRN table (``M * f`` rows), rounded once to ``dtype``."""
+                                dtype: torch.dtype = torch.float32,
+                                compute_dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """The DeepSeek YaRN table (``M * f`` rows), computed in ``compute_dtype`` and rounded once to ``dtype``."""
     inv_freq = yarn_inv_freq(rotary_dim, base, factor, original_max_position, beta_fast, beta_slow,
-                             extrapolation_factor)
+                             extrapolation_factor, compute_dtype)
     magnitude = yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim) * attn_factor
-    table = cos_sin_table(inv_freq, int(original_max_position * factor), magnitude)
-    return round_once(table, dtype)
+    return _rounded(cos_sin_table(inv_freq, int(original_max_position * factor), magnitude), dtype)
+
+
+def _rounded(table: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``table`` rounded once to ``dtype`` (nothing to do when it already is)."""
+    return table if table.dtype == dtype else round_once(table.to(torch.float64), dtype)
 
 
 # ---------------------------------------------------------------- rotation

@@ -55,3 +55,43 @@ def test_bad_declarations_are_rejected(attribute, value):
 def test_an_object_without_operations_is_rejected():
     with pytest.raises(ValueError, match="provides none"):
         describe(types.SimpleNamespace(name="empty"))
+
+
+def test_a_misspelled_operation_is_named_and_a_required_one_fails(monkeypatch):
+    from mla_fuse_conformance.harness import NotProvided, RequiredOperationMissing, property_named
+
+    target = types.SimpleNamespace(concat_and_cache_mla=lambda *args: None,
+                                   concat_and_cache_mla_rope_fuse=lambda *args: None)
+    impl = describe(target, "x", require=("concat_and_cache_mla_rope_fused",))
+    assert impl.near_misses == {"concat_and_cache_mla_rope_fuse": "concat_and_cache_mla_rope_fused"}
+    assert impl.missing_required == ("concat_and_cache_mla_rope_fused",)
+    prop = property_named("test_mla:test_fused_mla_matches_reference")
+    with pytest.raises(RequiredOperationMissing, match="looks like 'concat_and_cache_mla_rope_fused'"):
+        prop.check_provided(impl)
+    with pytest.raises(NotProvided):
+        prop.check_provided(describe(target, "x"))  # not required: skipped
+
+
+@pytest.mark.parametrize("text, message", [("rotary", "not an operation"), ("rotary_embedding,,x", "x not")])
+def test_require_names_only_operations(text, message):
+    from mla_fuse_conformance.implementation import ImplementationError, parse_required
+
+    with pytest.raises(ImplementationError, match=message):
+        parse_required(text)
+
+
+def test_the_adapter_attribute_required_adds_to_the_option():
+    target = types.SimpleNamespace(rotary_embedding=lambda *args: None, required=("concat_and_cache_mla",))
+    assert describe(target, "x", require=("rotary_embedding",)).required == ("concat_and_cache_mla",
+                                                                            "rotary_embedding")
+
+
+def test_load_errors_are_one_line(tmp_path, monkeypatch):
+    from mla_fuse_conformance.implementation import ImplementationError
+
+    (tmp_path / "fails_on_init.py").write_text("class K:\n    def __init__(self):\n        raise ImportError('lib "
+                                               "missing\\nsecond line')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ImplementationError) as error:
+        load_implementation("fails_on_init:K")
+    assert str(error.value) == "--impl fails_on_init:K: K() failed: ImportError: lib missing"

@@ -111,3 +111,21 @@ def test_round_once_matches_torch_on_float32_values(dtype):
     values = values[~torch.isnan(values)]
     ours = rounding.round_once(values.to(torch.float64), dtype)
     assert torch.equal(ours.view(torch.int16), values.to(dtype).view(torch.int16))
+
+
+def test_yarn_interpolation_divides_once_as_the_engines_do():
+    """``interpolated = 1 / (factor * base^(2i/R))`` (vLLM, transformers), not ``(1 / base^(2i/R)) / factor``:
+    in fp32 the two differ, and every row of the table with them (docs/INPUTS.md "Tables")."""
+    powers = rope.base_powers(64, 1e4, torch.float32)
+    interpolated = rope.yarn_inv_freq(64, 1e4, 40, 4096, extrapolation_factor=0, dtype=torch.float32)
+    assert torch.equal(interpolated, 1.0 / (40 * powers))
+    assert not torch.equal(interpolated, rope.plain_inv_freq(64, 1e4, torch.float32) / 40)
+
+
+def test_tables_are_computed_in_float64_unless_asked():
+    exact = rope.plain_cos_sin_cache(8, 4096, dtype=torch.float64)
+    engine = rope.plain_cos_sin_cache(8, 4096, dtype=torch.float64, compute_dtype=torch.float32)
+    p, i = 4000, 1
+    angle = p * 10000.0 ** (-2 * i / 8)
+    assert exact[p, i].item() == pytest.approx(math.cos(angle), abs=1e-13)
+    assert engine[p, i].item() != exact[p, i].item()  # fp32 angles drift at large positions

@@ -13,6 +13,13 @@ when ``mla_fuse.kernels`` is first imported (``mla_fuse.ops`` imports it):
 
 ``BACKEND`` and ``INTERPRETED`` say what was chosen.
 
+Interpreter speed: a kernel launch patches ``triton.language`` for the interpreter once,
+for the whole launch; Triton's ``InterpretedFunction`` then patches it again on every call
+of a ``@jit`` helper from inside the kernel (a scan of every member of ``tl``, ``tl.core``
+and ``tl.math``, about a quarter of a fused MLA launch, docs/THROUGHPUT.md). Helpers here
+are ``InterpretedHelper``s, which skip that repeated patch; nothing else changes (the GPU
+build does not use them).
+
 The kernels never rely on Triton's float down-casts (the interpreter's are wrong,
 triton-lang/triton#8322): every rounding to bf16/fp16/fp8 is integer arithmetic on the fp32
 bit pattern (``conversions.py``), exact on every backend.
@@ -24,7 +31,7 @@ import os
 from typing import Callable
 
 import torch
-from triton.runtime.interpreter import InterpretedFunction
+from triton.runtime.interpreter import InterpretedFunction, InterpreterError
 from triton.runtime.jit import JITFunction
 
 BACKEND_ENV_VAR = "MLA_FUSE_TRITON_BACKEND"
@@ -50,9 +57,26 @@ BACKEND: str = choose_backend()
 INTERPRETED: bool = BACKEND == "interpreter"
 
 
+class InterpretedHelper(InterpretedFunction):
+    """An interpreted kernel or ``@jit`` helper whose calls from inside a running kernel reuse
+    the launch's patch of ``triton.language`` (Triton 3.9's ``InterpretedFunction.__call__``
+    patches it again on every call; the patch it makes is the one already in place, since
+    ``tl`` and ``tl.core`` are the same module objects for every kernel file). Launches
+    (``kernel[grid](...)``) are Triton's own ``run``, unchanged.
+    """
+
+    def __call__(self, *args, **kwargs):
+        fn = self.rewrite()
+        try:
+            return fn(*args, **kwargs)
+        except Exception as error:  # as Triton's own __call__ reports it
+            raise InterpreterError(repr(error)) from error
+
+
 def jit(fn: Callable) -> JITFunction | InterpretedFunction:
     """``@triton.jit`` for the backend chosen above (kernels and the helpers they call)."""
-    return InterpretedFunction(fn) if INTERPRETED else JITFunction(fn)
+    return InterpretedHelper(fn) if INTERPRETED else JITFunction(fn)
 
 
-__all__ = ["BACKEND", "BACKENDS", "BACKEND_ENV_VAR", "INTERPRETED", "INTERPRET_ENV_VAR", "choose_backend", "jit"]
+__all__ = ["BACKEND", "BACKENDS", "BACKEND_ENV_VAR", "INTERPRETED", "INTERPRET_ENV_VAR", "InterpretedHelper",
+           "choose_backend", "jit"]

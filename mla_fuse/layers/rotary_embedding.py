@@ -24,13 +24,19 @@ from torch import nn
 import mla_fuse.ops  # noqa: F401  (registers torch.ops.mla_fuse.rotary_embedding)
 
 
+def _base_powers(base: float, rotary_dim: int) -> torch.Tensor:
+    """``base^(2i/R)`` in fp32, ``i < R/2`` (``pos_freqs`` in vLLM and transformers)."""
+    return base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim)
+
+
 def _plain_inv_freq(base: float, rotary_dim: int) -> torch.Tensor:
-    """``inv_freq[i] = base^(-2i/R)`` in fp32."""
-    return 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim))
+    """``inv_freq[i] = 1 / base^(2i/R)`` in fp32, in the engines' order (docs/INPUTS.md "Tables")."""
+    return 1.0 / _base_powers(base, rotary_dim)
 
 
-def _cos_sin_table(inv_freq: torch.Tensor, num_positions: int, magnitude: float = 1.0) -> torch.Tensor:
-    """``[P, R]`` fp32: ``cos(p * inv_freq) * magnitude | sin(p * inv_freq) * magnitude``."""
+def _cos_sin_table(inv_freq: torch.Tensor, num_positions: float, magnitude: float = 1.0) -> torch.Tensor:
+    """``[P, R]`` fp32: ``cos(p * inv_freq) * magnitude | sin(p * inv_freq) * magnitude``,
+    ``P = ceil(num_positions)`` (``torch.arange`` of the row count, as vLLM builds it)."""
     angles = torch.outer(torch.arange(num_positions, dtype=torch.float32), inv_freq)
     return torch.cat([angles.cos() * magnitude, angles.sin() * magnitude], dim=-1)
 
@@ -119,18 +125,22 @@ class DeepseekScalingRotaryEmbedding(RotaryEmbedding):
                          use_custom_op=use_custom_op)
 
     def _compute_inv_freq(self) -> torch.Tensor:
-        """``inv_freq = extrapolated * mask + interpolated * (1 - mask)``,
-        ``mask = (1 - ramp) * extrapolation_factor``."""
-        extrapolated = _plain_inv_freq(self.base, self.rotary_dim)
-        interpolated = extrapolated / self.scaling_factor
+        """``inv_freq = interpolated * (1 - mask) + extrapolated * mask`` in fp32, with
+        ``extrapolated = 1 / base^(2i/R)``, ``interpolated = 1 / (factor * base^(2i/R))`` and
+        ``mask = (1 - ramp) * extrapolation_factor``: vLLM's and transformers' order, so the
+        table is theirs bit for bit (docs/INPUTS.md "Tables")."""
+        powers = _base_powers(self.base, self.rotary_dim)
+        extrapolated = 1.0 / powers
+        interpolated = 1.0 / (self.scaling_factor * powers)
         low, high = yarn_correction_range(self.beta_fast, self.beta_slow, self.rotary_dim, self.base,
                                           self.max_position_embeddings)
         mask = (1 - yarn_linear_ramp(low, high, self.rotary_dim // 2)) * self.extrapolation_factor
         return interpolated * (1 - mask) + extrapolated * mask
 
     def _compute_cos_sin_cache(self) -> torch.Tensor:
-        num_positions = int(self.max_position_embeddings * self.scaling_factor)
-        return _cos_sin_table(self._compute_inv_freq(), num_positions, self.mscale)
+        """``M * f`` rows (rounded up, as vLLM's ``torch.arange`` does), scaled by ``mscale``."""
+        return _cos_sin_table(self._compute_inv_freq(), self.max_position_embeddings * self.scaling_factor,
+                              self.mscale)
 
     def forward_native(self, positions: torch.Tensor, query: torch.Tensor,
                        key: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:

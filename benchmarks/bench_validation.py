@@ -1,0 +1,151 @@
+"""What the argument checks cost on every call (docs/INPUTS.md "What the checks cost").
+
+Every call of an operation runs its sync-free checks in the custom op's body (ranks, sizes,
+dtypes, strides, devices, and the overlap of written buffers, from metadata). This script
+times, per call, for each operation at a decode and a prefill size (DeepSeek-V3 MLA with 16
+local heads, L = 512, R = 64, bf16, fp8 cache; an MHA layer with H = 32, Hkv = 8, D = 128):
+
+  new       ``validation.check_<op>`` on a layout it has not seen (``forget_layouts()`` first):
+            every sync-free check runs
+  same      ``validation.check_<op>`` on a layout it passed before: what a serving loop pays
+            per call once its buffers are known (building the key of the layout)
+  bare      ``torch.ops.mla_fuse.<op>`` with the checks and the kernel launch replaced by no-ops:
+            what the dispatcher costs for this custom op without any check
+  op        ``torch.ops.mla_fuse.<op>`` with the checks and no launch: ``bare`` + ``same``
+  wrapper   ``mla_fuse.ops.<op>`` with no launch: ``op`` + the wrapper's argument-type checks
+  values    ``validation.check_<op>(check_values=True)``: every check and the opt-in value checks
+            (one device sync)
+
+as the calling thread's CPU time per call (the least of ``--repeats`` runs), and prints the
+checks' share of the host time of a call without its launch: ``same / op``, and
+``new / (bare + new)`` for a first call.
+The launch itself (a Triton kernel launch, or on a CPU the interpreter running it) comes on top
+and only makes the share smaller; ``--launch`` (GPU only) adds the real call.
+
+    python benchmarks/bench_validation.py [--device cuda] [--repeats 7] [--launch]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import time
+import timeit
+
+import torch
+
+from mla_fuse import ops, validation
+from mla_fuse.kernels import flash_cache, flash_rope_cache, mla_cache, mla_rope_cache
+from mla_fuse.kernels import rotary_embedding as rope_kernel
+
+LAUNCHERS = {"rotary_embedding": rope_kernel, "concat_and_cache_mla": mla_cache,
+             "concat_and_cache_mla_rope_fused": mla_rope_cache, "reshape_and_cache_flash": flash_cache,
+             "rope_and_reshape_and_cache_flash": flash_rope_cache}
+
+
+def mla_args(tokens: int, device: str) -> dict:
+    """DeepSeek-V3 MLA, 16 heads per rank: q [T, 16, 128 + 64] (q_pe its slice), kv [T, 512 + 64]."""
+    heads, nope, latent, rotary, blocks, block_size = 16, 128, 512, 64, 4096, 64
+    q = torch.randn(tokens, heads, nope + rotary, device=device).bfloat16()
+    kv = torch.randn(tokens, latent + rotary, device=device).bfloat16()
+    return dict(positions=torch.arange(tokens, device=device), q_pe=q[..., nope:], k_pe=kv[:, latent:],
+                kv_c=kv[:, :latent], cos_sin_cache=torch.randn(163840, rotary, device=device), is_neox=False,
+                slot_mapping=torch.arange(tokens, device=device),
+                kv_cache=torch.zeros(blocks, block_size, latent + rotary, dtype=torch.uint8, device=device),
+                kv_cache_dtype="fp8", kv_cache_scale=torch.ones(1, device=device))
+
+
+def flash_args(tokens: int, device: str) -> dict:
+    """MHA: packed qkv [T, (32 + 2 * 8) * 128]; K and V caches interleaved in one pool."""
+    heads, kv_heads, head_size, blocks, block_size = 32, 8, 128, 2048, 16
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_size, device=device).bfloat16()
+    query, key, value = qkv.split([heads * head_size, kv_heads * head_size, kv_heads * head_size], dim=1)
+    pool = torch.zeros(blocks, block_size, 2, kv_heads, head_size, dtype=torch.bfloat16, device=device)
+    return dict(positions=torch.arange(tokens, device=device), query=query.view(tokens, heads, head_size),
+                key=key.view(tokens, kv_heads, head_size), value=value.view(tokens, kv_heads, head_size),
+                key_cache=pool[:, :, 0], value_cache=pool[:, :, 1], slot_mapping=torch.arange(tokens, device=device),
+                cos_sin_cache=torch.randn(131072, head_size, device=device), is_neox=True, kv_cache_dtype="auto",
+                k_scale=torch.ones(1, device=device), v_scale=torch.ones(1, device=device))
+
+
+def arguments(operation: str, tokens: int, device: str) -> dict:
+    mla, flash = mla_args(tokens, device), flash_args(tokens, device)
+    pick = {
+        "rotary_embedding": lambda: dict(positions=flash["positions"], query=flash["query"], key=flash["key"],
+                                         head_size=128, cos_sin_cache=flash["cos_sin_cache"], is_neox=True),
+        "concat_and_cache_mla": lambda: dict(kv_c=mla["kv_c"], k_pe=mla["k_pe"], kv_cache=mla["kv_cache"],
+                                             slot_mapping=mla["slot_mapping"], kv_cache_dtype="fp8",
+                                             scale=mla["kv_cache_scale"]),
+        "concat_and_cache_mla_rope_fused": lambda: mla,
+        "reshape_and_cache_flash": lambda: {name: flash[name] for name in (
+            "key", "value", "key_cache", "value_cache", "slot_mapping", "kv_cache_dtype", "k_scale", "v_scale")},
+        "rope_and_reshape_and_cache_flash": lambda: flash,
+    }
+    return pick[operation]()
+
+
+@contextlib.contextmanager
+def replaced(module, name: str, replacement):
+    original = getattr(module, name)
+    setattr(module, name, replacement)
+    try:
+        yield
+    finally:
+        setattr(module, name, original)
+
+
+def per_call_us(function, repeats: int, device: str, number: int = 300) -> float:
+    """The least over ``repeats`` runs of ``number`` calls of the mean CPU time of the calling thread
+    per call, in microseconds (CPU time, not wall time: other processes on a shared machine
+    delay a call without adding to it; the least run is the one they disturbed least)."""
+    function()  # warm up (compiles a kernel on the first real launch)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    times = timeit.repeat(function, timer=time.thread_time, number=number, repeat=repeats)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return min(times) / number * 1e6
+
+
+def measure(operation: str, tokens: int, device: str, repeats: int, launch: bool) -> dict:
+    args = arguments(operation, tokens, device)
+    values = list(args.values())
+    check = getattr(validation, f"check_{operation}")
+    op = getattr(torch.ops.mla_fuse, operation).default
+    wrapper = getattr(ops, operation)
+    def first_time():
+        validation.forget_layouts()
+        check(*values)
+
+    row = {"new": per_call_us(first_time, repeats, device),
+           "same": per_call_us(lambda: check(*values), repeats, device),
+           "values": per_call_us(lambda: check(*values, check_values=True), repeats, device)}
+    with replaced(LAUNCHERS[operation], "launch", lambda *a: None):
+        row["op"] = per_call_us(lambda: op(*values), repeats, device)
+        row["wrapper"] = per_call_us(lambda: wrapper(*values), repeats, device)
+        with replaced(validation, f"check_{operation}", lambda *a, **k: None):
+            row["bare"] = per_call_us(lambda: op(*values), repeats, device)
+    if launch:
+        row["launched"] = per_call_us(lambda: op(*values), repeats, device)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--launch", action="store_true", help="also time the real call (GPU)")
+    options = parser.parse_args()
+    columns = ["new", "same", "bare", "op", "wrapper", "values"] + (["launched"] if options.launch else [])
+    print(f"device {options.device}; microseconds of host CPU time per call (least of {options.repeats} runs)")
+    print(f"{'operation':34} {'T':>5} " + " ".join(f"{c:>8}" for c in columns) + "  same/op  new/(bare+new)")
+    for operation in LAUNCHERS:
+        for tokens in (1, 64, 4096):
+            row = measure(operation, tokens, options.device, options.repeats, options.launch)
+            cells = " ".join(f"{row[c]:8.1f}" for c in columns)
+            first_share = row["new"] / (row["bare"] + row["new"])
+            print(f"{operation:34} {tokens:5d} {cells}  {row['same'] / row['op']:7.0%}  {first_share:14.0%}")
+
+
+if __name__ == "__main__":
+    main()

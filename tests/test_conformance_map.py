@@ -1,0 +1,173 @@
+"""The conformance map, limit checks, crash survival and replay (mapping.py, executor.py, repro.py, plugin.py).
+
+The adapters here are written into a temporary directory, as a user's would be, and loaded by
+``module:attr`` spec from there (the executor's children import them the same way).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mla_fuse_conformance import repro
+from mla_fuse_conformance.cases import PositionSpec, RopeCase, TableSpec
+from mla_fuse_conformance.executor import Crashed, Executor, RaisedInChild
+from mla_fuse_conformance.harness import property_named
+from mla_fuse_conformance.implementation import load_implementation
+from mla_fuse_conformance.mapping import check_limit, map_property
+
+ROPE_PROPERTY = "test_rotary_embedding:test_rotary_embedding_matches_reference"
+ADAPTERS = '''
+import ctypes
+from mla_fuse_reference.adapter import ReferenceImplementation
+
+
+class OnlyRope(ReferenceImplementation):
+    concat_and_cache_mla = concat_and_cache_mla_rope_fused = None
+    reshape_and_cache_flash = rope_and_reshape_and_cache_flash = None
+
+
+class SecondHeadsWrong(OnlyRope):
+    """Rank-3 queries with more than one head: heads past the first scaled (a planted bug)."""
+    def rotary_embedding(self, positions, query, key, head_size, cos_sin_cache, is_neox):
+        super().rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
+        if query.dim() == 3 and query.size(1) > 1:
+            query[:, 1:] *= 1.5
+
+
+class CrashesOnRank2(OnlyRope):
+    """Reads address 0 (SIGSEGV) for rank-2 queries."""
+    def rotary_embedding(self, positions, query, key, head_size, cos_sin_cache, is_neox):
+        if query.dim() == 2 and query.size(0) > 0:
+            ctypes.string_at(0)
+        super().rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
+
+
+class DeclaresInt64Only(OnlyRope):
+    capabilities = {"position_dtypes": ("int64",)}  # handles int32 too: the check notes it
+
+
+class RejectsInt32(DeclaresInt64Only):
+    def rotary_embedding(self, positions, query, key, head_size, cos_sin_cache, is_neox):
+        if positions.dtype != __import__("torch").int64:
+            raise RuntimeError("expected scalar type Long")
+        super().rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
+'''
+
+
+@pytest.fixture
+def user_dir(tmp_path, monkeypatch):
+    """A user's directory holding their adapters; the current directory while the test runs."""
+    (tmp_path / "adapters_here.py").write_text(ADAPTERS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("MLA_FUSE_FAILURE_DIR", str(tmp_path / "failures"))
+    return tmp_path
+
+
+def _in_process(prop, impl):
+    return lambda case: prop.run(impl, torch.device("cpu"), case)
+
+
+def test_the_map_finds_the_cell_of_a_planted_bug(user_dir):
+    impl = load_implementation("adapters_here:SecondHeadsWrong")
+    prop = property_named(ROPE_PROPERTY)
+    found = map_property(prop, impl, "cpu", _in_process(prop, impl), max_examples=40)
+    assert [cell.features for cell in found.cells] == [{"query rank": "3", "heads": ">1"}]
+    assert found.cells[0].kind == "wrong result" and os.path.exists(found.cells[0].file)
+    assert found.complete and found.passing["query rank"]["2"] > 0 and found.passing["heads"][">1"] > 0
+    assert any("fails   query rank 3, heads >1: wrong result" in line for line in found.lines())
+
+
+def test_a_crashing_kernel_is_mapped_and_shrunk_like_any_failure(user_dir):
+    impl = load_implementation("adapters_here:CrashesOnRank2")
+    prop = property_named(ROPE_PROPERTY)
+    with Executor(impl.spec, "cpu") as executor:
+        found = map_property(prop, impl, "cpu", lambda case: executor.run(prop.name, case), max_examples=30)
+        assert executor.crashes > 0
+    assert [(cell.features, cell.kind) for cell in found.cells] == [({"query rank": "2"}, "crashed (SIGSEGV)")]
+    record = json.loads(open(found.cells[0].file).read())
+    assert record["kind"] == "crashed (SIGSEGV)" and record["cell"] == {"query rank": "2"}
+    assert repro.replay(record) == repro.REPRODUCED
+    assert repro.replay(record, impl_spec="reference") == repro.PASSED
+
+
+def test_the_executor_survives_a_crash_and_reports_what_was_raised(user_dir):
+    prop = property_named(ROPE_PROPERTY)
+    rank3 = RopeCase(seed=1, tokens=3, heads=2, kv_heads=1, head_size=6, dtype="bfloat16", is_neox=False,
+                     table=TableSpec("plain", 4, 8))
+    rank2 = RopeCase(seed=1, tokens=3, heads=2, kv_heads=1, head_size=6, dtype="bfloat16", is_neox=False,
+                     table=TableSpec("plain", 4, 8), rank=2)
+    with Executor("adapters_here:CrashesOnRank2", "cpu") as executor:
+        executor.run(prop.name, rank3)
+        with pytest.raises(Crashed, match="SIGSEGV"):
+            executor.run(prop.name, rank2)
+        executor.run(prop.name, rank3)  # a new child
+    int32 = RopeCase(seed=1, tokens=3, heads=1, kv_heads=1, head_size=6, dtype="bfloat16", is_neox=False,
+                     table=TableSpec("plain", 4, 8), positions=PositionSpec(dtype="int32"))
+    with Executor("adapters_here:RejectsInt32", "cpu") as executor:
+        with pytest.raises(RaisedInChild, match="expected scalar type Long") as raised:
+            executor.run(prop.name, int32, within_limits=False)
+        assert raised.value.original_type == "RuntimeError"
+
+
+@pytest.mark.parametrize("spec, outcome", [("adapters_here:DeclaresInt64Only", "handled"),
+                                           ("adapters_here:RejectsInt32", "confirmed")])
+def test_a_declared_limit_is_checked_with_cases_just_outside_it(user_dir, spec, outcome):
+    impl = load_implementation(spec)
+    prop = property_named(ROPE_PROPERTY)
+    with Executor(impl.spec, "cpu") as executor:
+        check = check_limit(prop, impl, lambda case: executor.run(prop.name, case, False), "rotary_embedding",
+                            "positions dtype", "int32")
+    assert check.outcome == outcome, check
+
+
+def test_repro_says_reproduced_passed_or_could_not_run(user_dir, tmp_path):
+    impl = load_implementation("adapters_here:SecondHeadsWrong")
+    prop = property_named(ROPE_PROPERTY)
+    found = map_property(prop, impl, "cpu", _in_process(prop, impl), max_examples=40, rounds=1)
+    path = found.cells[0].file
+    run = lambda *args: subprocess.run(["mla-fuse", "repro", *args], capture_output=True, text=True,  # noqa: E731
+                                       cwd=tmp_path)
+    assert run(path).returncode == 1
+    assert run(path, "--impl", "reference").returncode == 0
+    missing_op = run(path, "--impl", "mutant:none")  # provides rotary_embedding: passes
+    assert missing_op.returncode == 0
+    for args in ([path, "--impl", "no_such_module:X"], [str(tmp_path / "absent.json")]):
+        result = run(*args)
+        assert result.returncode == 2 and "could not run" in result.stderr, result
+
+
+def test_a_worker_crash_under_pytest_becomes_a_failure_file(user_dir):
+    """pytest-xdist replaces the dead worker; the plugin turns its in-flight example into a failure
+    file attributed to the property, and the rest of the session runs."""
+    reports = user_dir / "reports"
+    command = [sys.executable, "-m", "pytest", "--pyargs",
+               f"mla_fuse_conformance.test_rotary_embedding", "--impl=adapters_here:CrashesOnRank2",
+               "-n", "1", "-p", "no:cacheprovider", "-q", "--hypothesis-profile=mla_fuse.ci"]
+    env = dict(os.environ, MLA_FUSE_REPORT_DIR=str(reports), PYTHONPATH=str(user_dir))
+    result = subprocess.run(command, capture_output=True, text=True, cwd=user_dir, env=env, timeout=900)
+    assert result.returncode == 1, result.stdout[-3000:]
+    lines = [json.loads(line) for line in (reports / "outcomes.jsonl").read_text().splitlines()]
+    crashed = [line for line in lines if (line.get("failure") or {}).get("kind") == "crashed"]
+    assert len(crashed) == 1 and crashed[0]["failure"]["features"]["query rank"] == "2"
+    assert any(line["outcome"] in ("passed", "skipped") for line in lines)  # the session went on
+    assert "mla_fuse: reproduce this failure" in result.stdout
+    replay = subprocess.run(["mla-fuse", "repro", crashed[0]["failure"]["file"]], capture_output=True, text=True,
+                            cwd=user_dir)
+    assert replay.returncode == 1 and "SIGSEGV" in replay.stdout
+
+
+def test_an_adapter_that_does_not_import_stops_pytest_with_one_line(user_dir):
+    (user_dir / "broken_adapter.py").write_text("import no_such_library\n")
+    result = subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "mla_fuse_conformance.test_mla",
+                             "--impl=broken_adapter:Kernels", "-p", "no:cacheprovider"],
+                            capture_output=True, text=True, cwd=user_dir, timeout=300)
+    errors = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode != 0 and len(errors) == 1, result.stderr
+    assert "cannot import module 'broken_adapter'" in errors[0] and "no_such_library" in errors[0]

@@ -1,0 +1,254 @@
+"""``mla-fuse fuzz`` and ``mla-fuse db`` without running a campaign (docs/FUZZING.md).
+
+The database a string names, read-only runners, one key per property shared with HypoFuzz,
+export/import, what the campaign's summary makes of HypoFuzz's reports, and bad arguments.
+The campaign itself runs in tests/test_fuzz_redis.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+
+import pytest
+from hypothesis import Phase, settings
+from hypothesis.database import (DirectoryBasedExampleDatabase, InMemoryExampleDatabase, MultiplexedDatabase,
+                                 ReadOnlyDatabase)
+from hypothesis.extra.redis import RedisExampleDatabase
+from hypothesis.internal.conjecture.data import Status
+from hypothesis.internal.reflection import function_digest
+
+import mla_fuse_conformance.test_flash as flash_properties
+import mla_fuse_conformance.test_mla as mla_properties
+from mla_fuse_conformance import cli, database, fuzz, profiles
+
+NODEID = "test_flash.py::test_fused_flash_matches_reference"
+
+
+# ---------------------------------------------------------------- which database
+
+
+def test_a_string_names_a_directory_or_a_redis_server(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert database.open_shared(None) == DirectoryBasedExampleDatabase(tmp_path / ".hypothesis" / "mla_fuse")
+    assert database.open_shared("shared") == DirectoryBasedExampleDatabase(tmp_path / "shared")
+    redis = database.open_shared("redis://:secret@127.0.0.1:6390/2")  # nothing connects until used
+    assert isinstance(redis, RedisExampleDatabase)
+    assert redis.redis.connection_pool.connection_kwargs["db"] == 2
+    assert database.shown("redis://:secret@127.0.0.1:6390/2") == "redis://:***@127.0.0.1:6390/2"
+
+
+@pytest.mark.parametrize("url, complaint", [("http://example.invalid/db", "neither a directory nor"),
+                                            ("redis://127.0.0.1:notaport/0", "not a valid Redis URL")])
+def test_a_bad_database_string_is_an_error_naming_its_source(url, complaint):
+    with pytest.raises(ValueError, match=complaint) as error:
+        database.open_shared(url, "--db")
+    assert str(error.value).startswith("--db: ")
+
+
+def test_a_read_only_runner_reads_the_shared_database_and_writes_only_locally(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    shared = DirectoryBasedExampleDatabase(tmp_path / "shared")
+    shared.save(b"key", b"found by another runner")
+    runner = database.open_database(str(tmp_path / "shared"), read_only=True)
+    assert isinstance(runner, MultiplexedDatabase)
+    runner.save(b"key", b"found here")
+    assert set(runner.fetch(b"key")) == {b"found by another runner", b"found here"}
+    assert set(shared.fetch(b"key")) == {b"found by another runner"}
+    assert set(DirectoryBasedExampleDatabase(tmp_path / ".hypothesis" / "mla_fuse").fetch(b"key")) == {b"found here"}
+    assert isinstance(database.open_database(None, read_only=True), ReadOnlyDatabase)
+
+
+def test_the_replay_profile_only_replays_the_database():
+    replay = settings.get_profile("mla_fuse.replay")
+    assert tuple(replay.phases) == (Phase.reuse,) and replay.database is not None
+
+
+def test_under_ci_only_the_ci_profile_is_derandomized():
+    """Hypothesis loads its own `ci` profile at import when CI is set; ours must not inherit it
+    (HypoFuzz refuses derandomized tests, and dev/gpu/nightly are random by design)."""
+    check = ("import json; from hypothesis import settings; import mla_fuse_conformance.profiles as p; "
+             "print(json.dumps({n: settings.get_profile(p.full_name(n)).derandomize for n in p.NAMES}))")
+    shown = subprocess.run([sys.executable, "-c", check], env={**os.environ, "CI": "true"}, capture_output=True,
+                           text=True, check=True).stdout
+    assert json.loads(shown) == {name: name == "ci" for name in profiles.NAMES}
+
+
+# ---------------------------------------------------------------- one key per property
+
+
+class Item:
+    """What key_by_suite_node_id reads of a pytest item."""
+
+    def __init__(self, test, path, nodeid):
+        self.obj, self.path, self.nodeid = test, path, nodeid
+
+
+def key_of(test, path, nodeid) -> bytes:
+    database.key_by_suite_node_id(Item(test, path, nodeid))
+    return function_digest(test.hypothesis.inner_test)
+
+
+def test_every_property_gets_its_own_key_whatever_directory_pytest_started_in(tmp_path):
+    fused, cache_write = mla_properties.test_fused_mla_matches_reference, mla_properties.test_mla_cache_write_matches_reference
+    # the properties are one wrapper function: without a node id, hypothesis gives them one key
+    assert function_digest(fused.hypothesis.inner_test) == function_digest(cache_write.hypothesis.inner_test)
+    from_clone = key_of(fused, tmp_path / "property_tests" / "test_mla.py",
+                        "property_tests/test_mla.py::test_fused_mla_matches_reference")
+    installed = key_of(fused, tmp_path / "site-packages" / "mla_fuse_conformance" / "test_mla.py",
+                       "../site-packages/mla_fuse_conformance/test_mla.py::test_fused_mla_matches_reference")
+    other = key_of(cache_write, tmp_path / "test_mla.py", "test_mla.py::test_mla_cache_write_matches_reference")
+    assert from_clone == installed != other
+
+
+def test_the_suite_node_id_is_what_hypofuzz_sees_from_the_suite_directory(tmp_path):
+    item = Item(flash_properties.test_fused_flash_matches_reference, tmp_path / "property_tests" / "test_flash.py",
+                "property_tests/test_flash.py::test_fused_flash_matches_reference")
+    assert database.suite_node_id(item) == NODEID
+    assert f"--rootdir={fuzz.SUITE_DIR}" in fuzz.worker_command("mutant:none", [])
+
+
+# ---------------------------------------------------------------- export and import
+
+
+def test_an_export_holds_every_entry_and_imports_into_another_database(tmp_path):
+    source = DirectoryBasedExampleDatabase(tmp_path / "source")
+    entries = {b"key one": {b"a", b"b"}, b"key two.secondary": {b"c"}}
+    for key, values in entries.items():
+        for value in values:
+            source.save(key, value)
+    exported = database.export_database(source, tmp_path / "db.zip")
+    assert (exported.keys, exported.values) == (2, 3)
+    assert database.read_manifest(tmp_path / "db.zip")["values"] == 3
+    target = DirectoryBasedExampleDatabase(tmp_path / "target")
+    target.save(b"key one", b"already there")
+    imported = database.import_database(tmp_path / "db.zip", target)
+    assert (imported.keys, imported.values) == (2, 3)
+    assert set(target.fetch(b"key one")) == {b"a", b"b", b"already there"}
+    assert set(target.fetch(b"key two.secondary")) == {b"c"}
+
+
+def test_importing_a_file_that_is_not_an_export_names_it_and_writes_nothing(tmp_path, capsys):
+    not_an_export = tmp_path / "notes.zip"
+    with zipfile.ZipFile(not_an_export, "w") as archive:
+        archive.writestr("readme.txt", "hello")
+    target = tmp_path / "target"
+    assert cli.main(["db", "import", str(not_an_export), "--db", str(target)]) == 2
+    assert f"{not_an_export}: not an mla-fuse database export" in capsys.readouterr().out
+    assert not target.exists()
+    assert cli.main(["db", "import", str(tmp_path / "missing.zip"), "--db", str(target)]) == 2
+
+
+# ---------------------------------------------------------------- the campaign's summary
+
+
+def report(worker, inputs, failed, phase="generate", elapsed=1.0, timestamp=100.0):
+    from hypofuzz.database import Phase as FuzzPhase
+    from hypofuzz.database.models import Report, StatusCounts
+
+    counts = StatusCounts({Status.OVERRUN: 0, Status.INVALID: 0, Status.VALID: inputs - failed,
+                           Status.INTERESTING: failed})
+    return Report(database_key="a2V5", nodeid=NODEID, elapsed_time=elapsed, timestamp=timestamp, worker_uuid=worker,
+                  status_counts=counts, behaviors=10 * inputs, fingerprints=inputs, since_new_behavior=None,
+                  phase=FuzzPhase(phase))
+
+
+def identity(uuid, pid, host="runner-1"):
+    from hypofuzz.database.models import WorkerIdentity
+
+    return WorkerIdentity(uuid=uuid, operating_system="Linux", python_version="3.11", hypothesis_version="",
+                          hypofuzz_version="", pid=pid, hostname=host, pod_name=None, pod_namespace=None,
+                          node_name=None, pod_ip=None, container_id=None, git_hash=None)
+
+
+def failure(reason, traceback):
+    from hypofuzz.database.models import Observation, ObservationMetadata, ObservationStatus
+
+    metadata = ObservationMetadata(traceback=traceback, reproduction_decorator=None, predicates={}, backend={},
+                                   sys_argv=[], os_getpid=1, imported_at=0.0, data_status=Status.INTERESTING)
+    return Observation(type="test_case", status=ObservationStatus.FAILED, status_reason=reason, representation="",
+                       arguments={}, how_generated="", features={}, timing={}, metadata=metadata, property=NODEID,
+                       run_start=0.0, stability=None)
+
+
+def campaign_database(stored_failure):
+    """One property fuzzed by workers a (pid 11) and b (pid 12) of this campaign, c of another host
+    and d of an earlier run; a found the failure after 7 inputs, b replayed it first."""
+    from hypofuzz.database import FailureState, HypofuzzDatabase
+    from hypofuzz.database.database import test_keys_key
+
+    db = InMemoryExampleDatabase()
+    fuzz_db, key = HypofuzzDatabase(db), b"k" * 48
+    fuzz_db.save(test_keys_key, key)
+    for worker, pid, host in (("a", 11, "runner-1"), ("b", 12, "runner-1"), ("c", 11, "runner-2"), ("d", 13, "runner-1")):
+        fuzz_db.worker_identities.save(identity(worker, pid, host))
+    for entry in (report("a", 5, 0, elapsed=1), report("a", 7, 1, elapsed=2), report("a", 7, 1, "failed", elapsed=3),
+                  report("b", 1, 1, elapsed=1), report("b", 1, 1, "failed", elapsed=2), report("c", 50, 0),
+                  report("d", 80, 1, timestamp=10.0)):
+        fuzz_db.reports.save(key, entry)
+    fuzz_db.failures(state=FailureState.SHRUNK).save(key, (1, 2), stored_failure)
+    return db
+
+
+def test_the_summary_counts_this_campaigns_workers_and_when_each_first_failed():
+    traceback = "    def check():\nE   AssertionError: cache differs\nE     - fp8 codes wrong\nE     - more"
+    window = fuzz.CampaignWindow(started=50.0, finished=200.0, host="runner-1", pids=frozenset({11, 12}))
+    summary = fuzz.read_campaign(campaign_database(failure("AssertionError at x.py:1", traceback)), window)[NODEID]
+    assert (summary.inputs, summary.behaviors, summary.fingerprints) == (8, 70, 7)
+    assert sorted(summary.first_failure_at) == [1, 7] and summary.shrunk
+    assert summary.failures == ["AssertionError: cache differs - fp8 codes wrong"]
+    assert summary.verdict == "FAIL"
+
+
+def test_a_skip_hypofuzz_stores_as_a_failure_is_reported_as_a_skip():
+    window = fuzz.CampaignWindow(started=50.0, finished=200.0, host="runner-1", pids=frozenset({11, 12}))
+    skip = failure("Skipped at harness.py:120", "E   Skipped: mutant:x does not provide rotary_embedding")
+    summary = fuzz.read_campaign(campaign_database(skip), window)[NODEID]
+    assert summary.failures == [] and summary.first_failure_at == [] and summary.verdict == "skipped"
+
+
+# ---------------------------------------------------------------- workers and arguments
+
+
+def test_the_compile_pass_properties_run_only_for_the_implementation_the_passes_call():
+    assert any(path.endswith("test_compile_passes.py") for path in fuzz.suite_files("triton"))
+    assert not any(path.endswith("test_compile_passes.py") for path in fuzz.suite_files("mutant:none"))
+
+
+def test_worker_i_runs_on_gpu_i_unless_the_device_is_chosen(monkeypatch):
+    monkeypatch.delenv("MLA_FUSE_DEVICE", raising=False)
+    assert fuzz.worker_devices(3, ["cuda:0", "cuda:1"]) == ["cuda:0", "cuda:1", "cuda:0"]
+    assert fuzz.worker_devices(2, []) == [None, None]
+    monkeypatch.setenv("MLA_FUSE_DEVICE", "cuda:3")
+    assert fuzz.worker_devices(2, ["cuda:0", "cuda:1"]) == [None, None]
+
+
+@pytest.mark.parametrize("arguments, complaint", [
+    (["--minutes", "0"], "--minutes must be positive"),
+    (["--workers", "0"], "--workers must be at least 1"),
+    (["--read-only"], "--read-only needs --db"),
+    (["--impl", "no_such_module_anywhere:Kernels"], "--impl 'no_such_module_anywhere:Kernels'"),
+    (["--db", "ftp://example.invalid/"], "--db: 'ftp://example.invalid/' is neither a directory"),
+])
+def test_bad_arguments_are_refused_before_any_worker_starts(arguments, complaint, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv(database.DATABASE_ENV_VAR, raising=False)
+    out = tmp_path / "out"
+    assert cli.main(["fuzz", "--impl", "mutant:none", "--out", str(out), *arguments]) == 2
+    assert complaint in capsys.readouterr().out
+    assert not out.exists()
+
+
+def test_the_summary_file_says_what_failed(tmp_path, capsys):
+    class Options:
+        spec, db, read_only, minutes = "mutant:x", None, False, 1.0
+
+    summary = fuzz.PropertySummary(NODEID, "6b", inputs=7, first_failure_at=[7], failures=["AssertionError: boom"],
+                                   replay="failed", replay_files=[str(tmp_path / "case.json")])
+    assert not fuzz.write_report(Options, [], {NODEID: summary}, [], 60.0, tmp_path)
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert written["passed"] is False and written["properties"][NODEID]["verdict"] == "FAIL"
+    printed = capsys.readouterr().out
+    assert "replay exactly: mla-fuse repro" in printed and "verdict: FAIL" in printed

