@@ -5,32 +5,70 @@
     with set_forward_context(...):
         compiled(positions, hidden_states)
     mc.match_counts(compiled)   # {'split_coalescing': 0, ..., 'mla_rope_kvcache_fusion': 2, ...}
+    mc.cache_hits(compiled)     # graphs Inductor's FX graph cache served (their counts were replayed)
 
 Backends:
 
 * ``"inductor"``: Inductor with the pass manager as ``post_grad_custom_post_pass``.
-* ``"light"``: the same graph Inductor's custom post pass sees (aot_autograd with
-  Inductor's decompositions, view -> reshape, no-op removal), the same passes,
-  then the graph is run eagerly (no code generation). About 0.3 s a compile
-  instead of ~12 s of C++ on CPU; for tests.
+* ``"light"``: Inductor's own graph passes on the forward graph in Inductor's order
+  (joint-graph passes, view -> reshape, post-grad passes with the pass manager as the
+  custom post pass), then the graph runs eagerly instead of through code generation:
+  the graph the passes see is Inductor's, the compile takes ~1 s instead of ~12 s of
+  C++ on CPU.
 
-Both pin ``torch._inductor.config.enable_auto_functionalized_v2 = False``: the
-passes match the v1 form (mutations of views appear as ``slice_scatter`` on
-the base), whatever torch's default is.
+Match counts survive Inductor's FX graph cache: each pass adds its rewrites to
+Inductor's ``counters["inductor"]`` (key ``mla_fuse.<pass name>``), which Inductor
+stores with a compiled graph and replays when the cache serves it; the backend reads
+the counters' change around each compile. Every compiled graph leaves a
+``GraphRecord``: its counts, whether the cache served it, and (when the passes ran) a
+copy of the graph right after them.
+
+Both backends pin ``torch._inductor.config.enable_auto_functionalized_v2 = False``:
+the passes match the v1 form (mutations of views appear as ``slice_scatter`` on the
+base), whatever torch's default is.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import torch
 from torch import fx
 
 from mla_fuse.passes.config import FusionConfig, OptimizationLevel
+from mla_fuse.passes.inductor_pass import COUNTER_PREFIX
 from mla_fuse.passes.pass_manager import PostGradPassManager
 
 BACKENDS = ("inductor", "light")
 PINNED_INDUCTOR_CONFIG = {"enable_auto_functionalized_v2": False}
+FX_CACHE_HIT_COUNTER = "fxgraph_cache_hit"
+
+
+@dataclasses.dataclass
+class GraphRecord:
+    """One compiled graph: rewrites per pass, whether Inductor's FX graph cache served it (the passes
+    did not run; the counts are the ones recorded when it was compiled), a copy of the graph right
+    after the passes (``None`` on a cache hit), and the storages (data pointers) of the tensors it was
+    compiled with as inputs: a KV cache among them would be a graph input the compiled code may copy."""
+
+    counts: dict[str, int]
+    cache_hit: bool
+    graph: fx.Graph | None
+    input_storages: frozenset[int] = frozenset()
+
+
+def _inductor_counters():
+    from torch._dynamo.utils import counters
+
+    return counters["inductor"]
+
+
+def _storages(example_inputs: list[Any]) -> frozenset[int]:
+    from torch._subclasses.fake_tensor import is_fake
+
+    return frozenset(t.untyped_storage().data_ptr() for t in example_inputs
+                     if isinstance(t, torch.Tensor) and not is_fake(t))
 
 
 class MlaFuseBackend:
@@ -42,15 +80,31 @@ class MlaFuseBackend:
         self.config = config or FusionConfig()
         self.backend = backend
         self.pass_manager = PostGradPassManager(self.config)
-        self.graphs: list[fx.GraphModule] = []  # post-pass graphs (light backend), for inspection
+        self.records: list[GraphRecord] = []
+
+    @property
+    def graphs(self) -> list[fx.Graph]:
+        """Copies of the post-pass graphs of the compiles that ran the passes, in order."""
+        return [record.graph for record in self.records if record.graph is not None]
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable:
+        before = _inductor_counters().copy()
+        self.pass_manager.last_graph = None
+        storages = _storages(example_inputs)
         if self.backend == "inductor":
             from torch._inductor.compile_fx import compile_fx
 
             patches = {**PINNED_INDUCTOR_CONFIG, "post_grad_custom_post_pass": self.pass_manager}
-            return compile_fx(gm, example_inputs, config_patches=patches)
-        return self._compile_light(gm, example_inputs)
+            compiled = compile_fx(gm, example_inputs, config_patches=patches)
+        else:
+            compiled = self._compile_light(gm, example_inputs)
+        self._record(_inductor_counters() - before, storages)
+        return compiled
+
+    def _record(self, delta, storages: frozenset[int]) -> None:
+        counts = {name: delta.get(COUNTER_PREFIX + name, 0) for name in self.pass_manager.pass_names()}
+        self.records.append(GraphRecord(counts, delta.get(FX_CACHE_HIT_COUNTER, 0) > 0, self.pass_manager.last_graph,
+                                        storages))
 
     def _compile_light(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable:
         from torch._functorch.aot_autograd import aot_module_simplified
@@ -63,18 +117,30 @@ class MlaFuseBackend:
             )
 
     def _run_passes_eagerly(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable:
-        from torch._inductor.fx_passes.post_grad import remove_noop_ops, view_to_reshape
+        """Inductor's steps up to code generation (``compile_fx``: joint-graph passes, view -> reshape,
+        fake-tensor propagation, post-grad passes), then the graph itself as the compiled function."""
+        from torch._inductor.compile_fx import fake_tensor_prop
+        from torch._inductor.fx_passes.joint_graph import joint_graph_passes
+        from torch._inductor.fx_passes.post_grad import post_grad_passes, view_to_reshape
+        from torch._inductor.virtualized import V
 
-        view_to_reshape(gm)
-        gm.graph.eliminate_dead_code()
-        remove_noop_ops(gm.graph)
-        self.pass_manager(gm.graph)
+        patches = {**PINNED_INDUCTOR_CONFIG, "post_grad_custom_post_pass": self.pass_manager}
+        with torch._inductor.config.patch(patches):
+            joint_graph_passes(gm)
+            view_to_reshape(gm)
+            with torch.no_grad():
+                fake_mode = fake_tensor_prop(gm, example_inputs)
+            with V.set_fake_mode(fake_mode):
+                post_grad_passes(gm, is_inference=True)
         gm.recompile()
-        self.graphs.append(gm)
         return gm
 
     def match_counts(self) -> dict[str, int]:
-        return self.pass_manager.match_counts()
+        totals = dict.fromkeys(self.pass_manager.pass_names(), 0)
+        for record in self.records:
+            for name, count in record.counts.items():
+                totals[name] += count
+        return totals
 
 
 def compile(model: torch.nn.Module | Callable, *, level: int | OptimizationLevel = OptimizationLevel.O2,
@@ -91,5 +157,15 @@ def compile(model: torch.nn.Module | Callable, *, level: int | OptimizationLevel
 
 
 def match_counts(compiled) -> dict[str, int]:
-    """Rewrites per pass, summed over every graph ``compiled`` has been compiled to so far."""
+    """Rewrites per pass, summed over every graph ``compiled`` has been compiled to so far, those
+    served by Inductor's FX graph cache included (their counts are replayed from the cache)."""
     return compiled.mla_fuse_backend.match_counts()
+
+
+def cache_hits(compiled) -> int:
+    """How many of ``compiled``'s graphs Inductor's FX graph cache served (the passes did not run)."""
+    return sum(record.cache_hit for record in compiled.mla_fuse_backend.records)
+
+
+def graph_records(compiled) -> list[GraphRecord]:
+    return list(compiled.mla_fuse_backend.records)

@@ -6,23 +6,27 @@ import pytest
 import torch
 
 import mla_fuse.compile as mc
+from mla_fuse.layers import set_forward_context
+from mla_fuse.layers.mha import heads
+from mla_fuse.layers.unified_ops import fused_rope_and_unified_kv_cache_update
 from mla_fuse_conformance.pass_models import (
-    FUSED_MHA, ROTARY, UNIFIED_MHA, assert_same_results, clone_caches, compile_light, count_calls,
-    count_slice_scatters, counting_kernel_calls, final_graph, make_step, mha_caches, mha_model, native_rope_nodes,
-    run, same_weights,
+    FUSED_MHA, ROTARY, UNIFIED_MHA, assert_same_results, compile_light, count_calls, count_slice_scatters,
+    counting_kernel_calls, final_graph, mha_model, native_rope_nodes, run, same_weights, toy_caches, toy_step,
 )
 
 
-def _run_pair(form, is_neox, kv_cache_dtype="auto", num_layers=2, rotary_dim=16, **compile_kwargs):
-    model = mha_model(num_layers, form, is_neox, rotary_dim=rotary_dim)
-    reference = same_weights(model, mha_model(num_layers, form, is_neox, rotary_dim=rotary_dim, use_custom_op=True))
-    caches = mha_caches(num_layers, kv_cache_dtype)
-    expected_caches = clone_caches(caches)
-    step = make_step(5, caches)
-    expected = run(reference, expected_caches, step)
+def _run_pair(form, is_neox, kv_cache_dtype="auto", num_layers=2, rotary_dim=16, situation="plain",
+              **compile_kwargs):
+    model = mha_model(num_layers, form, is_neox, rotary_dim=rotary_dim, situation=situation)
+    reference = same_weights(model, mha_model(num_layers, form, is_neox, rotary_dim=rotary_dim,
+                                              use_custom_op=True, situation=situation))
+    caches = toy_caches("mha", num_layers, kv_cache_dtype)
+    expected_caches = caches.clone()
+    step = toy_step("mha", num_layers, 5)
+    expected = run(reference, expected_caches.layers, step)
     compiled = compile_light(model, **compile_kwargs)
     with counting_kernel_calls() as calls:
-        result = run(compiled, caches, step)
+        result = run(compiled, caches.layers, step)
     assert_same_results(result, expected, caches, expected_caches)
     return compiled, calls
 
@@ -47,6 +51,13 @@ def test_fuses_and_matches_eager(form, is_neox, kv_cache_dtype, rotary_dim):
     assert calls == {"rope_and_reshape_and_cache_flash": 2}, calls
 
 
+def _check_off(compiled, calls):
+    graph = final_graph(compiled)
+    assert mc.match_counts(compiled).get("rope_kvcache_fusion", 0) == 0
+    assert count_calls(graph, FUSED_MHA) == 0 and count_calls(graph, UNIFIED_MHA) == 1
+    assert calls == {"reshape_and_cache_flash": 1}, calls  # (the layer calls the rope op directly)
+
+
 @pytest.mark.parametrize("compile_kwargs", [
     {"level": 1},
     {"level": 2, "fuse_rope_kvcache": False},
@@ -54,15 +65,64 @@ def test_fuses_and_matches_eager(form, is_neox, kv_cache_dtype, rotary_dim):
 ], ids=["O1", "flag-off", "split-point"])
 def test_off(compile_kwargs):
     compiled, calls = _run_pair("custom_op", True, num_layers=1, **compile_kwargs)
-    graph = final_graph(compiled)
-    assert mc.match_counts(compiled).get("rope_kvcache_fusion", 0) == 0
-    assert count_calls(graph, FUSED_MHA) == 0 and count_calls(graph, UNIFIED_MHA) == 1
-    assert calls == {"reshape_and_cache_flash": 1}, calls  # (the layer calls the rope op directly)
-    if compile_kwargs["level"] >= 1:  # utility passes still ran: rope outputs feed the update directly
-        assert count_slice_scatters(graph) == 0
+    _check_off(compiled, calls)
+    assert count_slice_scatters(final_graph(compiled)) == 0  # utility passes ran: rope outputs feed the update
+
+
+@pytest.mark.parametrize("situation", ["unsupported_rope", "pre_rotation_reader", "second_reader"])
+def test_off_in_each_near_miss(situation, form="native"):
+    """(The custom-op forms of these near misses are explicit examples of the compile-pass property.)"""
+    _check_off(*_run_pair(form, True, num_layers=1, situation=situation))
 
 
 def test_o0_runs_no_pass():
     compiled, calls = _run_pair("custom_op", True, num_layers=1, level=0)
     assert mc.match_counts(compiled) == {"defunctionalization": 0}
     assert count_slice_scatters(final_graph(compiled)) == 2  # q and k written back into qkv, as traced
+
+
+def test_vllm_style_three_argument_update_fuses():
+    """A layer written against vLLM's ``unified_kv_cache_update(key, value, layer_name)``: the format
+    comes from the forward context at run time; the pass fuses it when every format is fusable."""
+    from mla_fuse_conformance import pass_models
+
+    class VllmStyle(pass_models.PreRotationReaderMHA):
+        def update_and_attend(self, q, k, v):
+            dummy = torch.ops.mla_fuse.unified_kv_cache_update(
+                heads(k, self.num_kv_heads, self.head_size), heads(v, self.num_kv_heads, self.head_size),
+                self.layer_name)
+            attn = torch.ops.mla_fuse.unified_attention(heads(q, self.num_heads, self.head_size), dummy,
+                                                        self.layer_name, self.head_size)
+            return self.o_proj(attn.flatten(1))
+
+        def forward_with_rope_outputs(self, positions, hidden_states):
+            _, (q, k, v) = self._project(hidden_states)
+            q, k = self.rotary_emb(positions, q, k)
+            return self.update_and_attend(q, k, v), q, k
+
+    base = mha_model(1, "native", True)
+    layer = base.layers[0]
+    vllm_layer = VllmStyle(32, layer.num_heads, layer.num_kv_heads, layer.head_size, layer.rotary_emb,
+                           layer.layer_name).to(torch.bfloat16)
+    vllm_layer.load_state_dict(layer.state_dict())
+    base.layers[0] = vllm_layer
+    for fusable, expected in ((None, 1), (("auto",), 0)):
+        caches = toy_caches("mha", 1, "fp8")
+        expected_caches = caches.clone()
+        step = toy_step("mha", 1, 5)
+        reference = run(mha_model(1, "native", True), expected_caches.layers, step)  # same seed, same weights
+        kwargs = {} if fusable is None else {"fusable_kv_cache_dtypes": fusable}
+        compiled = compile_light(base, **kwargs)
+        result = run(compiled, caches.layers, step)
+        assert mc.match_counts(compiled)["rope_kvcache_fusion"] == expected
+        assert_same_results(result, reference, caches, expected_caches)
+
+
+def test_fused_op_with_no_slot_mapping_only_rotates():
+    caches = toy_caches("mha", 1)
+    q, k = torch.randn(3, 64).to(torch.bfloat16), torch.randn(3, 32).to(torch.bfloat16)
+    table = torch.randn(64, 16)
+    with set_forward_context(caches.layers, {}):
+        fused_rope_and_unified_kv_cache_update(q, k, torch.zeros(3, 2, 16, dtype=torch.bfloat16),
+                                               torch.arange(3), table, True, "model.layers.0.attn", "auto")
+    assert all((pool.view(torch.uint8) == 0x5A).all() for pool in caches.pools)

@@ -50,14 +50,30 @@ def test_pass_hash_covers_source_and_config():
 
 
 @pytest.mark.parametrize("op, written", [
-    (unified_ops.UNIFIED_MLA_UPDATE, {"kv_cache"}),
-    (unified_ops.FUSED_MLA_UPDATE, {"q_pe", "k_pe", "kv_cache"}),
-    (unified_ops.UNIFIED_UPDATE, {"key_cache", "value_cache"}),
-    (unified_ops.FUSED_UPDATE, {"q", "k", "key_cache", "value_cache"}),
+    (unified_ops.UNIFIED_MLA_UPDATE, set()),
+    (unified_ops.FUSED_MLA_UPDATE, {"q_pe", "k_pe"}),
+    (unified_ops.UNIFIED_UPDATE, set()),
+    (unified_ops.FUSED_UPDATE, {"query", "key"}),
 ])
-def test_ops_declare_every_tensor_they_write(op, written):
+def test_ops_declare_every_graph_tensor_they_write_and_are_never_dropped(op, written):
+    """The caches are not arguments (fetched at run time): the ops declare the q/k they rotate, and
+    count as side-effecting so dead-code elimination never drops a cache write."""
     declared = {a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write}
     assert declared == written
+    assert torch._library.utils.is_impure(op)
+    assert not any("cache" in a.name and a.type.kind() == "TensorType" for a in op._schema.arguments
+                   if a.name != "cos_sin_cache")
+
+
+def test_op_signatures_follow_vllm():
+    def names(op):
+        return [a.name for a in op._schema.arguments]
+    assert names(unified_ops.UNIFIED_MLA_UPDATE) == ["kv_c_normed", "k_pe", "layer_name", "kv_cache_dtype", "k_scale"]
+    assert names(unified_ops.FUSED_MLA_UPDATE) == ["positions", "q_pe", "k_pe", "kv_c", "cos_sin_cache", "is_neox",
+                                                   "layer_name", "kv_cache_dtype", "k_scale"]
+    assert names(unified_ops.UNIFIED_UPDATE)[:3] == ["key", "value", "layer_name"]
+    assert names(unified_ops.FUSED_UPDATE)[:7] == ["query", "key", "value", "positions", "cos_sin_cache", "is_neox",
+                                                   "layer_name"]
 
 
 def _graph(fn, *args) -> torch.fx.GraphModule:

@@ -5,11 +5,13 @@ mapping as arguments (the signature torch.compile sees stays stable from step
 to step). Instead the caller enters ``set_forward_context`` around the model
 call, and each layer looks itself up by its ``layer_name``:
 
-* at trace time the layer reads its cache tensor(s), ``kv_cache_dtype`` and
-  scales from the context and passes them to the cache-update op as ordinary
-  (mutated) arguments, so torch sees every cache write (see ``unified_ops``);
-* at run time the update and attention ops read the step's slot mapping and
-  the attended slots of their layer from the context.
+* at trace time the layer reads its ``kv_cache_dtype`` (and, MLA, ``k_scale``) and
+  passes them to the cache-update op: the format becomes a literal of the compiled
+  graph (dynamo guards on it), the scale a graph input;
+* at run time the update and attention ops read the layer's cache tensor(s), the
+  step's slot mapping and the attended slots from the context. The caches never
+  enter a compiled graph, so a graph never copies them, however they alias (views
+  of one engine-owned pool; see ``unified_ops``).
 
 ``slot_mapping`` maps layer name to a 1-D int tensor (``-1`` = padding) or
 ``None``; a layer absent from it, or mapped to ``None``, writes nothing this

@@ -3,11 +3,12 @@
     qkv     = qkv_proj(x)                                   # [T, (H + 2*Hkv) * D]
     q, k, v = qkv.split([H*D, Hkv*D, Hkv*D], -1)
     q, k    = rotary_emb(positions, q, k)                   # custom op: in place; native: new tensors
-    dummy   = unified_kv_cache_update(k, v, key_cache, value_cache, layer_name, kv_cache_dtype, k_scale, v_scale)
-    out     = unified_attention(q, key_cache, value_cache, dummy, ...)   # [T, H, D]
+    dummy   = unified_kv_cache_update(heads(k, Hkv), heads(v, Hkv), layer_name, kv_cache_dtype)
+    out     = unified_attention(heads(q, H), dummy, layer_name, D)   # [T, H, D]
     return o_proj(out.flatten(1))
 
-The caches, their dtype and scales come from the forward context by ``layer_name``.
+``heads(x, n) = x.view(-1, n, D)``. ``kv_cache_dtype`` is read from the forward context while
+tracing (a literal of the graph); the caches and scales only at run time, by the ops.
 """
 
 from __future__ import annotations
@@ -19,6 +20,12 @@ import mla_fuse.layers.paged_attention  # noqa: F401  (registers mla_fuse::unifi
 import mla_fuse.layers.unified_ops  # noqa: F401  (registers mla_fuse::unified_kv_cache_update)
 from mla_fuse.layers.forward_context import get_forward_context
 from mla_fuse.layers.rotary_embedding import RotaryEmbedding
+
+
+def heads(x: torch.Tensor, num_heads: int, head_size: int) -> torch.Tensor:
+    """``[T, num_heads, head_size]`` view of ``x [T, num_heads * head_size]`` (what the cache update
+    and the attention take; the fusion pattern traces this same function)."""
+    return x.view(-1, num_heads, head_size)
 
 
 class MHAAttention(nn.Module):
@@ -45,13 +52,15 @@ class MHAAttention(nn.Module):
         q, k, v = self.qkv_proj(hidden_states).split([q_size, kv_size, kv_size], dim=-1)
         q, k = self.rotary_emb(positions, q, k)
 
-        cache = get_forward_context().layer(self.layer_name)
+        return self.update_and_attend(q, k, v), q, k
+
+    def update_and_attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Cache write of the (rotated) k and v, then attention of q over the caches; ``o_proj``."""
+        kv_cache_dtype = get_forward_context().layer(self.layer_name).kv_cache_dtype
         dummy = torch.ops.mla_fuse.unified_kv_cache_update(
-            k, v, cache.key_cache, cache.value_cache, self.layer_name, cache.kv_cache_dtype,
-            cache.k_scale, cache.v_scale,
+            heads(k, self.num_kv_heads, self.head_size), heads(v, self.num_kv_heads, self.head_size),
+            self.layer_name, kv_cache_dtype,
         )
-        attn = torch.ops.mla_fuse.unified_attention(
-            q, cache.key_cache, cache.value_cache, dummy, self.layer_name, cache.kv_cache_dtype,
-            cache.k_scale, cache.v_scale,
-        )
-        return self.o_proj(attn.flatten(1)), q, k
+        attn = torch.ops.mla_fuse.unified_attention(heads(q, self.num_heads, self.head_size), dummy,
+                                                    self.layer_name, self.head_size)
+        return self.o_proj(attn.flatten(1))

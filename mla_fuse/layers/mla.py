@@ -5,11 +5,12 @@
     kv_c, k_pe = latent.split([L, R], -1);     kv_c = kv_a_layernorm(kv_c)
     q_pe, k_pe = rotary_emb(positions, q_pe, k_pe)   # custom op: in place; native: new tensors,
     q[..., nope:] = q_pe                             #   written back into q
-    dummy = unified_mla_kv_cache_update(kv_c, k_pe, kv_cache, layer_name, kv_cache_dtype, k_scale)
-    out   = unified_mla_attention(q, kv_cache, kv_b_proj.weight, dummy, ...)   # [T, H, Dv]
+    dummy = unified_mla_kv_cache_update(kv_c, k_pe, layer_name, kv_cache_dtype, k_scale)
+    out   = unified_mla_attention(q, kv_b_proj.weight, dummy, layer_name, v_head_dim)   # [T, H, Dv]
     return o_proj(out.flatten(1))
 
-The cache, its dtype and scale come from the forward context by ``layer_name``.
+``kv_cache_dtype`` and ``k_scale`` are read from the forward context while tracing (a
+literal and a graph input); the cache itself only at run time, by the ops (``unified_ops``).
 """
 
 from __future__ import annotations
@@ -72,12 +73,14 @@ class MLAAttention(nn.Module):
         if not self.rotary_emb.use_custom_op:  # the native forward returns new tensors
             q[..., self.qk_nope_head_dim:] = q_pe_rotated
 
+        return self.update_and_attend(q, kv_c_normed, k_pe), q, k_pe
+
+    def update_and_attend(self, q: torch.Tensor, kv_c_normed: torch.Tensor, k_pe: torch.Tensor) -> torch.Tensor:
+        """Cache write of ``[kv_c | k_pe]``, then attention of the (rotated) q over the cache; ``o_proj``."""
         cache = get_forward_context().layer(self.layer_name)
         dummy = torch.ops.mla_fuse.unified_mla_kv_cache_update(
-            kv_c_normed, k_pe, cache.kv_cache, self.layer_name, cache.kv_cache_dtype, cache.k_scale
+            kv_c_normed, k_pe, self.layer_name, cache.kv_cache_dtype, cache.k_scale
         )
-        attn = torch.ops.mla_fuse.unified_mla_attention(
-            q, cache.kv_cache, self.kv_b_proj.weight, dummy, self.layer_name, cache.kv_cache_dtype,
-            cache.k_scale, self.v_head_dim,
-        )
-        return self.o_proj(attn.flatten(1)), q, k_pe
+        attn = torch.ops.mla_fuse.unified_mla_attention(q, self.kv_b_proj.weight, dummy, self.layer_name,
+                                                        self.v_head_dim)
+        return self.o_proj(attn.flatten(1))

@@ -7,8 +7,11 @@ every query token attends to the cache slots ``ForwardContext.attended_slots``
 names (by default the valid slots written this step). With nothing to attend
 to (no slot mapping) the output is zeros.
 
-Each op takes the dummy returned by the cache update as
-``kv_cache_dummy_dep`` (vLLM's convention) besides the updated cache itself.
+Like the cache updates (``unified_ops``), each op finds its layer's cache(s),
+``kv_cache_dtype`` and scales in the forward context by ``layer_name`` at run
+time, and takes the dummy the layer's cache update returned as
+``kv_cache_dummy_dep`` (vLLM's convention): that data dependency is what
+orders the attention after the write.
 """
 
 from __future__ import annotations
@@ -48,24 +51,23 @@ def _softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tor
 @torch.library.custom_op("mla_fuse::unified_mla_attention", mutates_args=())
 def unified_mla_attention(
     q: torch.Tensor,
-    kv_cache: torch.Tensor,
     kv_b_weight: torch.Tensor,
     kv_cache_dummy_dep: torch.Tensor,
     layer_name: str,
-    kv_cache_dtype: str,
-    k_scale: torch.Tensor,
     v_head_dim: int,
 ) -> torch.Tensor:
-    """MLA attention: q ``[T, H, nope+R]`` against cache entries ``[kv_c (L) | k_pe (R)]``,
+    """MLA attention: q ``[T, H, nope+R]`` against the layer's cache entries ``[kv_c (L) | k_pe (R)]``,
     keys/values expanded by ``kv_b_weight [H*(nope+Dv), L]``. Returns ``[T, H, Dv]`` in q's dtype."""
     T, H, qk_dim = q.shape
-    rope_dim = kv_cache.size(-1) - kv_b_weight.size(1)
-    nope_dim = qk_dim - rope_dim
-    slots = get_forward_context().attended_slots(layer_name)
+    context = get_forward_context()
+    cache = context.layer(layer_name)
+    kv_cache, latent_dim = cache.kv_cache, kv_b_weight.size(1)
+    nope_dim = qk_dim - (kv_cache.size(-1) - latent_dim)
+    slots = context.attended_slots(layer_name)
     if slots is None or slots.numel() == 0:
         return q.new_zeros(T, H, v_head_dim)
-    entries = dequantize(_gather(kv_cache, slots), kv_cache_dtype, k_scale)
-    latent, k_pe = entries[:, : kv_b_weight.size(1)], entries[:, kv_b_weight.size(1):]
+    entries = dequantize(_gather(kv_cache, slots), cache.kv_cache_dtype, cache.k_scale)
+    latent, k_pe = entries[:, :latent_dim], entries[:, latent_dim:]
     kv = (latent @ kv_b_weight.float().t()).view(-1, H, nope_dim + v_head_dim)
     k_nope, v = kv.split([nope_dim, v_head_dim], dim=-1)
     k = torch.cat([k_nope, k_pe[:, None, :].expand(-1, H, -1)], dim=-1)
@@ -73,36 +75,33 @@ def unified_mla_attention(
 
 
 @unified_mla_attention.register_fake
-def _(q, kv_cache, kv_b_weight, kv_cache_dummy_dep, layer_name, kv_cache_dtype, k_scale, v_head_dim):
+def _(q, kv_b_weight, kv_cache_dummy_dep, layer_name, v_head_dim):
     return q.new_empty(q.size(0), q.size(1), v_head_dim)
 
 
 @torch.library.custom_op("mla_fuse::unified_attention", mutates_args=())
 def unified_attention(
-    q: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
+    query: torch.Tensor,
     kv_cache_dummy_dep: torch.Tensor,
     layer_name: str,
-    kv_cache_dtype: str,
-    k_scale: torch.Tensor,
-    v_scale: torch.Tensor,
+    v_head_size: int,
 ) -> torch.Tensor:
-    """MHA/GQA attention: q ``[T, H*D]`` against the flash caches ``[NB, B, Hkv, D|Dv]``.
-    Returns ``[T, H, Dv]`` in q's dtype."""
-    head_size, num_kv_heads = key_cache.size(-1), key_cache.size(-2)
-    q = q.view(q.size(0), -1, head_size)
-    slots = get_forward_context().attended_slots(layer_name)
+    """MHA/GQA attention: ``query [T, H, D]`` against the layer's flash caches ``[NB, B, Hkv, D|Dv]``
+    (``Dv = v_head_size``). Returns ``[T, H, Dv]`` in the query's dtype."""
+    context = get_forward_context()
+    cache = context.layer(layer_name)
+    key_cache, value_cache = cache.key_cache, cache.value_cache
+    slots = context.attended_slots(layer_name)
     if slots is None or slots.numel() == 0:
-        return q.new_zeros(q.size(0), q.size(1), value_cache.size(-1))
+        return query.new_zeros(query.size(0), query.size(1), v_head_size)
     scale_shape = (1, -1, 1)  # [1] or per kv head [Hkv]
-    k = dequantize(_gather(key_cache, slots), kv_cache_dtype, k_scale.view(scale_shape))
-    v = dequantize(_gather(value_cache, slots), kv_cache_dtype, v_scale.view(scale_shape))
-    group = q.size(1) // num_kv_heads
+    k = dequantize(_gather(key_cache, slots), cache.kv_cache_dtype, cache.k_scale.view(scale_shape))
+    v = dequantize(_gather(value_cache, slots), cache.kv_cache_dtype, cache.v_scale.view(scale_shape))
+    group = query.size(1) // key_cache.size(-2)
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    return _softmax_attention(q, k, v).to(q.dtype)
+    return _softmax_attention(query, k, v).to(query.dtype)
 
 
 @unified_attention.register_fake
-def _(q, key_cache, value_cache, kv_cache_dummy_dep, layer_name, kv_cache_dtype, k_scale, v_scale):
-    return q.new_empty(q.size(0), q.size(1) // key_cache.size(-1) if q.dim() == 2 else q.size(1), value_cache.size(-1))
+def _(query, kv_cache_dummy_dep, layer_name, v_head_size):
+    return query.new_empty(query.size(0), query.size(1), v_head_size)

@@ -10,8 +10,6 @@ write-backs that become identities, so the kernel writes q directly.
 
 from __future__ import annotations
 
-import operator
-
 import torch
 from torch import fx
 
@@ -69,8 +67,12 @@ class DefunctionalizationPattern:
             is_op(user, aten.copy_.default) and user.args[0] is base and user.args[1] in self.new_value[name]
             for user in base.users)
 
+    def insertion_point(self) -> fx.Node:
+        """Where the in-place call goes: where the functional node is (its inputs exist there)."""
+        return self.node
+
     def rewrite(self) -> None:
-        with self.graph.inserting_before(self.node):
+        with self.graph.inserting_before(self.insertion_point()):
             call = self.graph.call_function(self.op, kwargs=dict(self.node.kwargs))
         call.meta.update({k: v for k, v in self.node.meta.items() if k != "eager_input_vals"})
         if "eager_input_vals" in self.node.meta:  # (args, kwargs) of the call, minus the op argument
@@ -118,14 +120,14 @@ class DefunctionalizationPass(MlaFusePass):
 
     name = "defunctionalization"
 
-    def __init__(self, ops=FUSED_OPS) -> None:
+    def __init__(self, ops=None) -> None:
         super().__init__()
-        self.ops = ops
+        self.ops = ops  # None: this module's FUSED_OPS, read when the pass runs
         self.kept_functional = 0
 
     def run(self, graph: fx.Graph) -> int:
         rewritten, self.kept_functional = 0, 0
-        for op in self.ops:
+        for op in self.ops if self.ops is not None else FUSED_OPS:
             for node in find_auto_functionalized(graph, op):
                 pattern = DefunctionalizationPattern(graph, node)
                 if pattern.safe():

@@ -53,6 +53,15 @@ def num_returns(op) -> int:
     return max(1, len(op._schema.returns))
 
 
+def call_args(node: Node) -> dict:
+    """``{argument name: value}`` of a call to an ``OpOverload``, defaults filled in."""
+    schema = node.target._schema
+    values = {arg.name: arg.default_value for arg in schema.arguments if arg.has_default_value()}
+    values.update(zip((arg.name for arg in schema.arguments), node.args))
+    values.update(node.kwargs)
+    return values
+
+
 def normalize_dim(dim: int, node: Node) -> int:
     return dim % node.meta["val"].dim() if dim < 0 else dim
 

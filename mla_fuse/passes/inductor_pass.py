@@ -20,6 +20,7 @@ import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 logger = logging.getLogger("mla_fuse.passes")
+COUNTER_PREFIX = "mla_fuse."  # counters["inductor"]["mla_fuse.<pass name>"]: rewrites, replayed on a cache hit
 
 
 def hash_source(*sources: Any) -> str:
@@ -41,7 +42,11 @@ class MlaFusePass(CustomGraphPass):
 
     Subclasses implement ``run(graph) -> int`` (the number of rewrites) and may
     extend ``uuid_sources()``; ``matched_count`` holds the last run's count and
-    ``total_matched`` the sum over every graph this pass has seen.
+    ``total_matched`` the sum over every graph this pass has seen. Each run also
+    adds its count to Inductor's ``counters["inductor"]["mla_fuse.<name>"]``:
+    Inductor stores the counters' change with the compiled graph and replays it
+    when its FX graph cache serves the graph, so counts read from there survive
+    a cache hit (``mla_fuse.compile``).
     """
 
     name: str = "pass"
@@ -51,8 +56,11 @@ class MlaFusePass(CustomGraphPass):
         self.total_matched = 0
 
     def __call__(self, graph: torch.fx.Graph) -> None:
+        from torch._dynamo.utils import counters
+
         self.matched_count = self.run(graph)
         self.total_matched += self.matched_count
+        counters["inductor"][COUNTER_PREFIX + self.name] += self.matched_count
         logger.debug("%s: %d rewrites", self.name, self.matched_count)
 
     @abc.abstractmethod

@@ -10,7 +10,9 @@ backend on the same post-grad graph). Order:
 5. topological sort, then ``DefunctionalizationPass`` (whenever a fusion may run)
 
 ``uuid()`` hashes this file, the config and every pass's own uuid, so a changed
-pass or setting never reuses a cached compiled graph.
+pass or setting never reuses a cached compiled graph. After each graph the
+manager keeps a copy of it as the passes left it (``last_graph``), for
+inspection; ``mla_fuse.compile`` files it with the graph's counts.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class PostGradPassManager(CustomGraphPass):
             self.passes.append(RopeKVCacheFusionPass(self.config))
         self.defunctionalization = DefunctionalizationPass()
         self.graphs_seen = 0
+        self.last_graph: fx.Graph | None = None
 
     def __call__(self, graph: fx.Graph) -> None:
         self.graphs_seen += 1
@@ -51,6 +54,7 @@ class PostGradPassManager(CustomGraphPass):
             self.defunctionalization(graph)
         graph.eliminate_dead_code()
         graph.lint()
+        self.last_graph = _copy(graph)
         logger.info("mla_fuse passes: %s", self.last_match_counts())
 
     def last_match_counts(self) -> dict[str, int]:
@@ -61,9 +65,18 @@ class PostGradPassManager(CustomGraphPass):
         """Rewrites per pass over every graph this manager has seen."""
         return {p.name: p.total_matched for p in self._all()}
 
+    def pass_names(self) -> list[str]:
+        return [p.name for p in self._all()]
+
     def _all(self) -> list[MlaFusePass]:
         return [*self.passes, self.defunctionalization]
 
     def uuid(self) -> str:
         return hash_source(__import__(__name__, fromlist=["_"]), repr(self.config),
                            *(p.uuid() for p in self._all()), torch.__version__)
+
+
+def _copy(graph: fx.Graph) -> fx.Graph:
+    copied = fx.Graph()
+    copied.output(copied.graph_copy(graph, {}))
+    return copied

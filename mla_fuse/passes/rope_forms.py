@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+from torch import fx
 from torch._higher_order_ops.auto_functionalize import auto_functionalized
 
 from mla_fuse.layers import rotary_embedding
@@ -44,3 +45,16 @@ def deepseek_native(positions, query, key, cos_sin_cache, head_size, rotary_dim,
 
 
 FORMS: dict[str, RopeForm] = {"custom_op": custom_op, "native": native, "deepseek_native": deepseek_native}
+
+
+def present(graph: fx.Graph) -> list[tuple[str, bool]]:
+    """``(form, is_neox)`` pairs worth registering patterns for: the custom op with the styles its
+    calls use; both native forms in both styles when the graph indexes a cos/sin table."""
+    from mla_fuse.passes.fx_utils import find_auto_functionalized
+    from mla_fuse.passes.pattern_utils import table_lookups
+
+    found = {("custom_op", node.kwargs["is_neox"])
+             for node in find_auto_functionalized(graph, torch.ops.mla_fuse.rotary_embedding.default)}
+    if table_lookups(graph):
+        found |= {(form, is_neox) for form in ("native", "deepseek_native") for is_neox in (False, True)}
+    return sorted(found)

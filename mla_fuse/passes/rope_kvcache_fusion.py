@@ -7,9 +7,9 @@ import torch._inductor.pattern_matcher as pm
 from torch import fx
 from torch._higher_order_ops.auto_functionalize import auto_functionalized
 
-from mla_fuse.layers import rotary_embedding, unified_ops
+from mla_fuse.layers import mha, rotary_embedding, unified_ops
 from mla_fuse.passes import aliasing, pattern_utils, rope_forms
-from mla_fuse.passes.fx_utils import find_auto_functionalized
+from mla_fuse.passes.fx_utils import call_args, find_auto_functionalized
 
 UNIFIED_UPDATE = unified_ops.UNIFIED_UPDATE
 FUSED_UPDATE = unified_ops.FUSED_UPDATE
@@ -17,114 +17,110 @@ FUSED_UPDATE = unified_ops.FUSED_UPDATE
 
 class RopeKVCacheFusionPattern:
     """One layer, one rope form, one style. Matched graph (``rope`` = the form's subgraph;
-    q ``[T, H*D]``, k ``[T, Hkv*D]``, v ``[T, Hkv*Dv]``, D = ``key_cache.size(-1)``)::
+    q ``[T, H*D]``, k ``[T, Hkv*D]``, value ``[T, Hkv, Dv]``; ``heads`` = ``mha.heads``)::
 
         q_rot, k_rot = rope(positions, q, k, cos_sin_cache, head_size=D, is_neox)
-        upd = auto_functionalized(unified_kv_cache_update, k=k_rot, v=v, key_cache=key_cache,
-                                  value_cache=value_cache, layer_name=NAME, kv_cache_dtype=DTYPE,
-                                  k_scale=k_scale, v_scale=v_scale)
-        outputs: upd[0] (dummy), upd[1], upd[2] (new caches), q_rot, k_rot
+        dummy = unified_kv_cache_update(heads(k_rot, Hkv, D), value, NAME[, DTYPE])
+        outputs: q_rot (the anchor), dummy, k_rot
 
     Replacement::
 
-        f = auto_functionalized(fused_rope_and_unified_kv_cache_update, q=q, k=k, v=v,
-                                key_cache=key_cache, value_cache=value_cache, positions=positions,
-                                cos_sin_cache=cos_sin_cache, is_neox=is_neox, layer_name=NAME,
-                                kv_cache_dtype=DTYPE, k_scale=k_scale, v_scale=v_scale)
-        outputs: f[0], f[3], f[4], f[1], f[2]
+        f = auto_functionalized(fused_rope_and_unified_kv_cache_update, query=q, key=k, value=value,
+                                positions=positions, cos_sin_cache=cos_sin_cache, is_neox=is_neox,
+                                layer_name=NAME, kv_cache_dtype=DTYPE)
+        outputs: f[1] (q rotated), f[0] (dummy), f[2] (k rotated)
 
     Run after ``ScatterSplitReplacementPass`` (which makes ``k_rot`` feed the update directly).
-    Refused when the pre-rotation q/k (or the packed qkv they view) have readers outside the
-    pattern, or a cache's innermost stride is not 1.
+    Anchored at the rotated q and checked like the MLA pattern (``binding_is_sound``: distinct
+    q/k/value of ranks 2/2/3, no cycle); refused when the pre-rotation q/k (or the packed qkv
+    they view) have readers outside the pattern. The update is called as the graph calls it
+    (``CallForm``): with ``DTYPE``, or vLLM's way ``(key, value, layer_name)`` (then ``DTYPE`` is None).
     """
 
-    EXAMPLE_TOKENS, EXAMPLE_HEADS, EXAMPLE_KV_HEADS, EXAMPLE_BLOCKS, EXAMPLE_POSITIONS = 5, 2, 1, 4, 64
+    EXAMPLE_TOKENS, EXAMPLE_HEADS, EXAMPLE_POSITIONS = 5, 2, 64
 
-    def __init__(self, form: str, is_neox: bool, layer_name: str, kv_cache_dtype: str, act_dtype: torch.dtype,
-                 cache_dtype: torch.dtype, table_dtype: torch.dtype, head_size: int, value_head_size: int,
-                 rotary_dim: int) -> None:
+    def __init__(self, form: str, is_neox: bool, call_form: pattern_utils.CallForm, layer_name: str,
+                 kv_cache_dtype: str | None, act_dtype: torch.dtype, table_dtype: torch.dtype, kv_heads: int,
+                 head_size: int, value_head_size: int, rotary_dim: int) -> None:
         self.form, self.rope = form, rope_forms.FORMS[form]
+        self.call_form = call_form
         self.is_neox = is_neox
         self.layer_name, self.kv_cache_dtype = layer_name, kv_cache_dtype
-        self.act_dtype, self.cache_dtype, self.table_dtype = act_dtype, cache_dtype, table_dtype
-        self.head_size, self.value_head_size, self.rotary_dim = head_size, value_head_size, rotary_dim
+        self.act_dtype, self.table_dtype = act_dtype, table_dtype
+        self.kv_heads, self.head_size, self.value_head_size, self.rotary_dim = (
+            kv_heads, head_size, value_head_size, rotary_dim)
 
     def example_inputs(self) -> list[torch.Tensor]:
-        T, H, Hkv, D, Dv = (self.EXAMPLE_TOKENS, self.EXAMPLE_HEADS, self.EXAMPLE_KV_HEADS, self.head_size,
-                            self.value_head_size)
+        T, H, Hkv, D = self.EXAMPLE_TOKENS, self.EXAMPLE_HEADS, self.kv_heads, self.head_size
         return [
             torch.empty(T, dtype=torch.int64),                                              # positions
             torch.empty(T, H * D, dtype=self.act_dtype),                                    # q
             torch.empty(T, Hkv * D, dtype=self.act_dtype),                                  # k
-            torch.empty(T, Hkv * Dv, dtype=self.act_dtype),                                 # v
-            torch.empty(self.EXAMPLE_BLOCKS, 4, Hkv, D, dtype=self.cache_dtype),            # key_cache
-            torch.empty(self.EXAMPLE_BLOCKS, 4, Hkv, Dv, dtype=self.cache_dtype),           # value_cache
+            torch.empty(T, Hkv, self.value_head_size, dtype=self.act_dtype),                # value
             torch.empty(self.EXAMPLE_POSITIONS, self.rotary_dim, dtype=self.table_dtype),  # cos_sin_cache
-            torch.empty(1, dtype=torch.float32),                                            # k_scale
-            torch.empty(1, dtype=torch.float32),                                            # v_scale
         ]
 
-    def pattern(self, positions, q, k, v, key_cache, value_cache, cos_sin_cache, k_scale, v_scale):
+    def pattern(self, positions, q, k, value, cos_sin_cache):
         q_rot, k_rot = self.rope(positions, q, k, cos_sin_cache, self.head_size, self.rotary_dim, self.is_neox)
-        update = auto_functionalized(
-            UNIFIED_UPDATE, k=k_rot, v=v, key_cache=key_cache, value_cache=value_cache,
-            layer_name=self.layer_name, kv_cache_dtype=self.kv_cache_dtype, k_scale=k_scale, v_scale=v_scale,
-        )
-        return update[0], update[1], update[2], q_rot, k_rot
+        dummy = self.call_form.call(UNIFIED_UPDATE, key=mha.heads(k_rot, self.kv_heads, self.head_size),
+                                    value=value, layer_name=self.layer_name, kv_cache_dtype=self.kv_cache_dtype)
+        return q_rot, dummy, k_rot
 
-    def replacement(self, positions, q, k, v, key_cache, value_cache, cos_sin_cache, k_scale, v_scale):
+    def replacement(self, positions, q, k, value, cos_sin_cache):
         fused = auto_functionalized(
-            FUSED_UPDATE, q=q, k=k, v=v, key_cache=key_cache, value_cache=value_cache, positions=positions,
-            cos_sin_cache=cos_sin_cache, is_neox=self.is_neox, layer_name=self.layer_name,
-            kv_cache_dtype=self.kv_cache_dtype, k_scale=k_scale, v_scale=v_scale,
+            FUSED_UPDATE, query=q, key=k, value=value, positions=positions, cos_sin_cache=cos_sin_cache,
+            is_neox=self.is_neox, layer_name=self.layer_name, kv_cache_dtype=self.kv_cache_dtype,
         )
-        return fused[0], fused[3], fused[4], fused[1], fused[2]
+        return fused[1], fused[0], fused[2]
+
+    @property
+    def name(self) -> str:
+        return f"rope_kvcache[{self.form},{self.is_neox},{self.layer_name}]"
+
+    def precheck(self, match: pm.Match) -> bool:
+        return pattern_utils.inputs_distinct(match, ("q", "k", "value"))
 
     def extra_check(self, match: pm.Match) -> bool:
-        return (pattern_utils.innermost_contiguous(match.kwargs["key_cache"])
-                and pattern_utils.innermost_contiguous(match.kwargs["value_cache"])
+        ranks = {"q": 2, "k": 2, "value": 3}
+        widths = {"value": self.value_head_size}
+        return (pattern_utils.binding_is_sound(match, ranks, widths)
                 and pattern_utils.no_foreign_readers(match, ("q", "k")))
-
-    def register(self, patterns: pm.PatternMatcherPass) -> None:
-        pm.register_replacement(
-            self.pattern, self.replacement, self.example_inputs(), pattern_utils.trace_pattern, patterns,
-            extra_check=self.extra_check, pattern_name=f"rope_kvcache[{self.form},{self.is_neox}]",
-        )
 
 
 class RopeKVCacheFusionPass(pattern_utils.LazyPatternFusionPass):
     """Registers ``RopeKVCacheFusionPattern``s for the MHA cache updates it finds, then applies them."""
 
     name = "rope_kvcache_fusion"
+    update_op = UNIFIED_UPDATE
 
     def enabled(self) -> bool:
         return self.config.rope_kvcache_enabled
 
+    def _rotary_dims(self, graph: fx.Graph) -> set[int]:
+        """Table widths of the graph's ropes: the custom op's table, a native rope's indexed table."""
+        hint = pattern_utils.hint
+        dims = {hint(node.kwargs["cos_sin_cache"].meta["val"].size(-1))
+                for node in find_auto_functionalized(graph, torch.ops.mla_fuse.rotary_embedding.default)}
+        return dims | {hint(node.args[0].meta["val"].size(-1)) for node in pattern_utils.table_lookups(graph)}
+
     def _register_for(self, graph: fx.Graph) -> None:
         hint = pattern_utils.hint
-        rotary_dims = {hint(node.kwargs["cos_sin_cache"].meta["val"].size(-1))
-                       for node in find_auto_functionalized(graph, torch.ops.mla_fuse.rotary_embedding.default)}
-        rotary_dims |= {hint(node.args[0].meta["val"].size(-1))
-                        for node in graph.find_nodes(op="call_function", target=torch.ops.aten.index.Tensor)
-                        if node.args[0].meta["val"].dim() == 2}
-        for update in find_auto_functionalized(graph, UNIFIED_UPDATE):
-            kv_cache_dtype = update.kwargs["kv_cache_dtype"]
-            if kv_cache_dtype not in self.config.fusable_kv_cache_dtypes:
+        rotary_dims, forms = self._rotary_dims(graph), rope_forms.present(graph)
+        for update in graph.find_nodes(op="call_function", target=UNIFIED_UPDATE):
+            args = call_args(update)
+            if not self.fusable(args["kv_cache_dtype"]):
                 continue
-            k, key_cache, value_cache = (update.kwargs[n].meta["val"] for n in ("k", "key_cache", "value_cache"))
-            head_size = hint(key_cache.size(-1))
+            key, value = args["key"].meta["val"], args["value"].meta["val"]
+            if key.dim() != 3 or value.dim() != 3:
+                continue  # the pattern reaches the update through heads(k_rot): [T, Hkv, D]
+            kv_heads, head_size = hint(key.size(1)), hint(key.size(2))
             for rotary_dim in sorted(d for d in rotary_dims if d <= head_size):
                 for table_dtype in sorted(pattern_utils.table_dtypes(graph), key=str):
-                    for form in rope_forms.FORMS:
-                        for is_neox in (False, True):
-                            key = (update.kwargs["layer_name"], kv_cache_dtype, k.dtype, key_cache.dtype,
-                                   table_dtype, head_size, hint(value_cache.size(-1)), rotary_dim, form, is_neox)
-                            if key in self._registered:
-                                continue
-                            self._registered.add(key)
-                            with pattern_utils.fake_mode():
-                                RopeKVCacheFusionPattern(form, is_neox, *key[:8]).register(self.patterns)
+                    config = (pattern_utils.CallForm.of(update), args["layer_name"], args["kv_cache_dtype"],
+                              key.dtype, table_dtype, kv_heads, head_size, hint(value.size(-1)), rotary_dim)
+                    for form, is_neox in forms:
+                        self.register(RopeKVCacheFusionPattern(form, is_neox, *config), (form, is_neox, *config))
 
     def uuid_sources(self):
-        return (*super().uuid_sources(), pattern_utils, rope_forms, aliasing, rotary_embedding, unified_ops,
+        return (*super().uuid_sources(), pattern_utils, rope_forms, aliasing, rotary_embedding, mha, unified_ops,
                 repr(self.config))

@@ -76,11 +76,8 @@ class ScatterSplitReplacementPattern:
                 return False
             chain.append(link)
             current = link
-        resplits = list(current.users)
-        if len(resplits) != 1 or not is_op(resplits[0], SPLIT):
-            return False
-        resplit = resplits[0]
-        if any(not is_op(user, operator.getitem) for user in resplit.users):
+        resplit = self.sole_resplit(current)
+        if resplit is None or any(not is_op(user, operator.getitem) for user in resplit.users):
             return False
         if list(resplit.args[1]) != sizes or normalize_dim(resplit.args[2] if len(resplit.args) > 2 else 0,
                                                           current) != dim:
@@ -102,6 +99,14 @@ class ScatterSplitReplacementPattern:
         self.graph.erase_node(resplit)
         erase_if_unused(self.graph, reversed(chain))
         return True
+
+
+    @staticmethod
+    def sole_resplit(scattered: Node) -> Node | None:
+        """The re-split of the fully scattered buffer, if it is the buffer's only user (another reader
+        sees the scattered values, which the rewrite would take away from it)."""
+        users = list(scattered.users)
+        return users[0] if len(users) == 1 and is_op(users[0], SPLIT) else None
 
 
 class ScatterSplitReplacementPass(MlaFusePass):

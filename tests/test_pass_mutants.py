@@ -1,0 +1,68 @@
+"""Mutation self-test of the compile-pass properties (issue 10).
+
+Every mutant of ``mla_fuse_conformance.pass_mutants`` carries one "Compile passes" bug of
+``shared/BUGS.md`` (and the copy-free rule). The compile-pass property suite alone
+(``property_tests/test_compile_passes.py``; no unit test) must catch each within the ``ci``
+profile: its explicit examples, then the derandomized examples CI generates, without
+shrinking. Caught means a property failed with an ``AssertionError`` or with an error type the
+mutant declares (a graph the lint rejects); anything else is a broken mutant. The time and the
+number of examples to the first failure go to ``.mla_fuse_reports/mutants.jsonl`` (or
+``$MLA_FUSE_REPORT_DIR``) as ``pass:<mutant>`` rows, which the suite's plugin prints as a table
+at the end of the session, next to the kernel mutants'.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from hypothesis import Verbosity, example, given, settings
+
+from mla_fuse_conformance import profiles, recording
+from mla_fuse_conformance.pass_mutants import PASS_MUTANTS
+from mla_fuse_conformance.test_compile_passes import CI_EXAMPLES, PROPERTIES
+
+
+def hunt(strategy, check, explicit, max_examples: int):
+    """Run one property like the ci profile does, stopping at the first failure:
+    ``(error or None, examples run)``."""
+    examples = 0
+
+    @settings(profiles.ci_settings(max_examples=max_examples, phases=profiles.NO_SHRINK_PHASES,
+                                   report_multiple_bugs=False, verbosity=Verbosity.quiet))
+    @given(case=strategy)
+    def run(case):
+        nonlocal examples
+        examples += 1
+        check(case)
+
+    for case in reversed(explicit):  # explicit examples first, in order, as under pytest
+        run = example(case=case)(run)
+    try:
+        run()
+    except Exception as error:  # noqa: BLE001  (the caller decides what counts as caught)
+        return error, examples
+    return None, examples
+
+
+@pytest.mark.parametrize("name", sorted(PASS_MUTANTS))
+def test_pass_mutant_is_caught_by_the_properties(name):
+    mutant = PASS_MUTANTS[name]
+    start, total, caught = time.perf_counter(), 0, None
+    with mutant.active():
+        for prop, (strategy, check, explicit) in PROPERTIES.items():
+            error, examples = hunt(strategy, check, explicit, CI_EXAMPLES)
+            total += examples
+            if error is not None:
+                caught = (prop, error)
+                break
+    seconds = time.perf_counter() - start
+    prop, error = caught or (None, None)
+    result = "MISSED" if error is None else "caught" if isinstance(error, mutant.caught_by) else "crashed"
+    recording.append_mutant_result(dict(
+        mutant=f"pass:{name}", result=result, seconds=seconds, examples=total, property=prop, bug_class=mutant.bug_class,
+        message=f"{type(error).__name__}: {str(error).splitlines()[0][:200]}" if error else None, time=time.time()))
+    print(f"pass mutant {name}: {result} by {prop} after {total} examples in {seconds:.1f}s"
+          + (f" ({type(error).__name__}: {str(error).splitlines()[0][:160]})" if error else ""))
+    assert error is not None, f"no compile-pass property caught {name} ({mutant.bug_class}) in {total} examples"
+    assert isinstance(error, mutant.caught_by), f"{name} crashed the properties instead: {error!r}"
