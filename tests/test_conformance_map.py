@@ -6,6 +6,7 @@ The adapters here are written into a temporary directory, as a user's would be, 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -71,6 +72,11 @@ class RejectsInt32(DeclaresInt64Only):
 '''
 
 
+RANK3 = RopeCase(seed=1, tokens=3, heads=2, kv_heads=1, head_size=6, dtype="bfloat16", is_neox=False,
+                 table=TableSpec("plain", 4, 8))
+RANK2 = dataclasses.replace(RANK3, rank=2)
+
+
 @pytest.fixture
 def user_dir(tmp_path, monkeypatch):
     """A user's directory holding their adapters; the current directory while the test runs."""
@@ -110,15 +116,11 @@ def test_a_crashing_kernel_is_mapped_and_shrunk_like_any_failure(user_dir):
 
 def test_the_executor_survives_a_crash_and_reports_what_was_raised(user_dir):
     prop = property_named(ROPE_PROPERTY)
-    rank3 = RopeCase(seed=1, tokens=3, heads=2, kv_heads=1, head_size=6, dtype="bfloat16", is_neox=False,
-                     table=TableSpec("plain", 4, 8))
-    rank2 = RopeCase(seed=1, tokens=3, heads=2, kv_heads=1, head_size=6, dtype="bfloat16", is_neox=False,
-                     table=TableSpec("plain", 4, 8), rank=2)
     with Executor("adapters_here:CrashesOnRank2", "cpu") as executor:
-        executor.run(prop.name, rank3)
+        executor.run(prop.name, RANK3)
         with pytest.raises(Crashed, match="SIGSEGV"):
-            executor.run(prop.name, rank2)
-        executor.run(prop.name, rank3)  # a new child
+            executor.run(prop.name, RANK2)
+        executor.run(prop.name, RANK3)  # a new child
     int32 = RopeCase(seed=1, tokens=3, heads=1, kv_heads=1, head_size=6, dtype="bfloat16", is_neox=False,
                      table=TableSpec("plain", 4, 8), positions=PositionSpec(dtype="int32"))
     with Executor("adapters_here:RejectsInt32", "cpu") as executor:
@@ -130,22 +132,18 @@ def test_the_executor_survives_a_crash_and_reports_what_was_raised(user_dir):
 def test_a_hung_example_is_killed_and_the_next_gets_a_new_child(user_dir, monkeypatch):
     monkeypatch.setenv("MLA_FUSE_EXAMPLE_TIMEOUT", "2")
     prop = property_named(ROPE_PROPERTY)
-    rank3 = RopeCase(seed=1, tokens=3, heads=2, kv_heads=1, head_size=6, dtype="bfloat16", is_neox=False,
-                     table=TableSpec("plain", 4, 8))
-    rank2 = RopeCase(seed=1, tokens=3, heads=2, kv_heads=1, head_size=6, dtype="bfloat16", is_neox=False,
-                     table=TableSpec("plain", 4, 8), rank=2)
     with Executor("adapters_here:HangsOnRank2", "cpu") as executor:
-        executor.run(prop.name, rank3)
+        executor.run(prop.name, RANK3)
         with pytest.raises(Hung, match="no result in 2 s") as hung:
-            executor.run(prop.name, rank2)
+            executor.run(prop.name, RANK2)
         assert hung.value.how == "hung: no result in 2 s" and executor.process is None
-        executor.run(prop.name, rank3)
+        executor.run(prop.name, RANK3)
     with Executor("adapters_here:SecondHeadsWrong", "cpu") as executor:  # a wrong result: a clean child next
-        executor.run(prop.name, rank2)
+        executor.run(prop.name, RANK2)
         first = executor.process.pid
         with pytest.raises(AssertionError):
-            executor.run(prop.name, rank3)
-        executor.run(prop.name, rank2)
+            executor.run(prop.name, RANK3)
+        executor.run(prop.name, RANK2)
         assert executor.process.pid != first
 
 

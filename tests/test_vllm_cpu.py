@@ -23,7 +23,9 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
 
 
 def _verify(impl: str, tmp_path) -> dict:
-    env = dict(os.environ, MLA_FUSE_FAILURE_DIR=str(tmp_path / "failures"), CI="true")
+    # vLLM's CPU examples take milliseconds; a hang (its out-of-bounds MLA writes once left an OpenMP
+    # barrier deadlocked) costs 30 s, not the default 120, each time the map meets one
+    env = dict(os.environ, MLA_FUSE_FAILURE_DIR=str(tmp_path / "failures"), CI="true", MLA_FUSE_EXAMPLE_TIMEOUT="30")
     env.pop("PYTEST_XDIST_WORKER", None)
     result = subprocess.run(["mla-fuse", "verify", "--impl", impl, "--report-dir", str(tmp_path), "-n", "1"],
                             capture_output=True, text=True, cwd=tmp_path, env=env, timeout=2400)
