@@ -81,6 +81,11 @@ def pytest_configure(config):
         config.pluginmanager.register(SessionReport(config, pathlib.Path(directory)), "mla_fuse_session_report")
 
 
+def pytest_unconfigure(config):
+    if recording is not None:
+        recording.RECORDER.close()
+
+
 def pytest_report_collectionfinish(config, items):
     if not any(item.nodeid and "mla_fuse_impl" in getattr(item, "fixturenames", ()) for item in items):
         return None
@@ -186,7 +191,11 @@ class SessionReport:
             return
         record, stacks = found
         profile = self.config.getoption("hypothesis_profile", None) or profiles.full_name(profiles.default_profile())
-        if stacks:
+        if record.get("finished"):
+            failure = dict(record, kind="crashed after it finished", error_type="crash",
+                           error=f"the worker process died after this example, its test's last, had finished (a "
+                                 f"stray write found later, e.g. by the allocator?) ({report.longrepr})")
+        elif stacks:
             failure = dict(record, kind="hung", error_type="hang",
                            error=f"no result in {record.get('timeout')} s (${recording.TIMEOUT_ENV}); the worker was "
                                  f"ended; its threads were at (most recent call first):\n{stacks[:3000]}")
@@ -201,13 +210,17 @@ class SessionReport:
 
 def crashed_example(nodeid: str) -> tuple[dict, str] | None:
     """The in-flight example a dead process left for test ``nodeid`` (and remove it), with the
-    thread stacks its hang watchdog wrote ("" when it crashed rather than hung)."""
-    for path in sorted(recording.failure_dir().glob("inflight-*.json")):
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if record.get("nodeid") == nodeid:
+    thread stacks its hang watchdog wrote ("" when it crashed rather than hung); else the
+    example of that test that finished last (``record["finished"]``), else None."""
+    directory = recording.failure_dir()
+    for pattern, finished in (("inflight-*.json", False), ("inflight-*.finished", True)):
+        for path in sorted(directory.glob(pattern)):
+            try:
+                record = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if record.get("nodeid") != nodeid:
+                continue
             path.unlink(missing_ok=True)
             stacks_file = recording.stacks_path(path)
             try:
@@ -215,7 +228,7 @@ def crashed_example(nodeid: str) -> tuple[dict, str] | None:
             except OSError:
                 stacks = ""
             stacks_file.unlink(missing_ok=True)
-            return record, stacks
+            return dict(record, finished=finished), stacks
     return None
 
 

@@ -7,7 +7,9 @@ implementation, device, the case with its seed, its feature values and how it fa
 result, what the kernel raised, or a crash). ``mla-fuse repro FILE`` replays it without hypothesis.
 
 In-flight examples. Before an example runs it is written to ``inflight_path()``; a process that
-dies (segfault, device error) leaves it there, and the plugin turns it into a failure file.
+dies (segfault, device error) leaves it there, and the plugin turns it into a failure file. When
+the example ends, the file moves to ``finished_path()``: a process that dies between examples
+(a kernel's stray write found later by the allocator) is blamed on the example that ran last.
 A hang is a death too: while an example runs, ``faulthandler`` is armed to dump every thread's
 stack next to the in-flight file and end the process after ``example_timeout()`` seconds
 (``$MLA_FUSE_EXAMPLE_TIMEOUT``, default 120, 0: never), so a kernel that deadlocks (a corrupted
@@ -51,6 +53,12 @@ def example_timeout() -> float:
     if value < 0:
         raise ValueError(f"{TIMEOUT_ENV} must be >= 0 seconds (0: no limit), got {text!r}")
     return value
+
+
+def finished_path(inflight: pathlib.Path) -> pathlib.Path:
+    """Where the in-flight file goes once its example has finished: a process that dies between
+    examples (a heap that a kernel corrupted found at a later ``free``) leaves the likely culprit."""
+    return inflight.with_suffix(".finished")  # not *.json: not a failure file
 
 
 def stacks_path(inflight: pathlib.Path) -> pathlib.Path:
@@ -164,7 +172,19 @@ class Recorder:
     def finished(self) -> None:
         if self.track_inflight:
             faulthandler.cancel_dump_traceback_later()
-            inflight_path().unlink(missing_ok=True)
+            path = inflight_path()
+            if path.exists():
+                os.replace(path, finished_path(path))
+
+    def close(self) -> None:
+        """The end of this process's session: nothing of its examples is left in the failure directory."""
+        if self.track_inflight:
+            faulthandler.cancel_dump_traceback_later()
+            path = inflight_path()
+            if self._stacks is not None:
+                self._stacks.close()
+            for leftover in (path, finished_path(path), stacks_path(path)):
+                leftover.unlink(missing_ok=True)
 
     def failed(self, prop, impl, device, case, error: BaseException) -> None:
         self.last_failure = failure_record(prop, impl, device, case, error)

@@ -85,7 +85,9 @@ def summarize(outcomes: list[dict], spec: str) -> dict[str, OperationSummary]:
         metrics = line.get("metrics") or {}
         if metrics.get("impl") != spec:
             metrics = {}
-        operations = metrics.get("operations") or (line.get("failure") or {}).get("operations") or [GENERAL]
+        prop = property_of(line["nodeid"])
+        operations = (metrics.get("operations") or (line.get("failure") or {}).get("operations")
+                      or (prop.operations if prop is not None and line["outcome"] == "failed" else [GENERAL]))
         for operation in operations:
             summary = summaries.setdefault(operation, OperationSummary())
             summary.count(line["outcome"])
@@ -138,23 +140,27 @@ def pytest_command(spec: str, profile: str, report_dir: pathlib.Path, workers: s
             "-p", "no:cacheprovider", "-n", workers, *extra]
 
 
-def failing_properties(outcomes: list[dict]) -> list[str]:
-    """Names of the properties that failed: those with a failure file, then registered properties
-    whose test failed without one (a worker that died after its example, e.g. of a heap its
-    kernel corrupted earlier). Bad-input properties are per corruption already."""
+def property_of(nodeid: str):
+    """The registered property a test id runs, or None (``_import_properties`` registers them)."""
     from mla_fuse_conformance.harness import PROPERTIES
 
+    path, _, function = nodeid.partition("::")
+    return PROPERTIES.get(f"{pathlib.PurePath(path).stem}:{function.partition('[')[0]}")
+
+
+def failing_properties(outcomes: list[dict]) -> list[str]:
+    """Names of the properties that failed: those with a failure file, then registered properties
+    whose test failed without one (a worker that died after its example had finished, e.g. at a
+    ``free`` of a heap its kernel had corrupted). Bad-input properties are per corruption already."""
     names = []
     for line in outcomes:
         failure = line.get("failure")
         if failure and failure["property"] not in names:
             names.append(failure["property"])
     for line in outcomes:
-        if line["outcome"] == "failed" and not line.get("failure"):
-            path, _, function = line["nodeid"].partition("::")
-            name = f"{pathlib.PurePath(path).stem}:{function.partition('[')[0]}"
-            if name in PROPERTIES and not PROPERTIES[name].needs_input_checks and name not in names:
-                names.append(name)
+        prop = property_of(line["nodeid"]) if line["outcome"] == "failed" and not line.get("failure") else None
+        if prop is not None and not prop.needs_input_checks and prop.name not in names:
+            names.append(prop.name)
     return names
 
 
@@ -215,8 +221,8 @@ def run_verify(impl_spec: str | None, profile: str, report_dir: pathlib.Path, wo
                PYTHONPATH=os.pathsep.join([os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])]))
     returncode = subprocess.call(command, env=env)
     outcomes = read_outcomes(report_dir / OUTCOMES_FILE)
-    summaries = summarize(outcomes, impl.spec)
     _import_properties()
+    summaries = summarize(outcomes, impl.spec)
     maps, limits = run_maps(impl, outcomes, profile, map_rounds) if map_rounds else ([], [])
     elapsed = time.monotonic() - started
     failed = returncode not in (0, 5) or any(s.failed for s in summaries.values()) or not outcomes

@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -228,7 +230,7 @@ def test_verify_maps_a_property_whose_worker_died_without_leaving_its_example():
     """A failed property test with no failure file (the worker died after its example, e.g. of a heap
     its kernel had corrupted) is still mapped; failure files come first, each property once."""
     from mla_fuse_conformance import test_mla  # noqa: F401 (registers its properties)
-    from mla_fuse_conformance.verify import failing_properties
+    from mla_fuse_conformance.verify import failing_properties, summarize
 
     mla = "test_mla:test_mla_cache_write_matches_reference"
     outcomes = [{"nodeid": "test_rotary_embedding.py::test_rotary_embedding_matches_reference", "outcome": "failed",
@@ -238,3 +240,46 @@ def test_verify_maps_a_property_whose_worker_died_without_leaving_its_example():
                 {"nodeid": "test_large_addresses.py::test_query_rows_a_huge_stride_apart", "outcome": "failed"},
                 {"nodeid": f"test_mla.py::{mla.partition(':')[2]}", "outcome": "passed"}]
     assert failing_properties(outcomes) == [ROPE_PROPERTY, mla]
+    summaries = summarize(outcomes, "vllm-cpu-amx")  # the dead worker's test counts for its operation
+    assert summaries["concat_and_cache_mla"].failed == 2 and summaries["concat_and_cache_mla"].verdict == "FAIL"
+
+
+def test_a_worker_that_dies_between_examples_blames_the_last_one(user_dir):
+    """The allocator finds a kernel's stray write at a later ``free``, after the example has ended:
+    the crash is attributed to the test's last finished example, said as such; a normal session
+    leaves nothing of its examples in the failure directory."""
+    (user_dir / "conftest.py").write_text('''
+import os
+from mla_fuse_conformance import recording
+
+_finished = recording.Recorder.finished
+_count = [0]
+
+def finished(self):
+    _finished(self)
+    _count[0] += 1
+    if os.environ.get("DIE_AFTER") and _count[0] == int(os.environ["DIE_AFTER"]):
+        os.abort()  # after the third example has finished, outside any example
+
+recording.Recorder.finished = finished
+''')
+    reports = user_dir / "reports"
+    command = [sys.executable, "-m", "pytest", "test_here.py", "--impl=adapters_here:OnlyRope", "-n", "1",
+               "-p", "no:cacheprovider", "-q", "--hypothesis-profile=mla_fuse.ci"]
+    (user_dir / "test_here.py").write_text("from mla_fuse_conformance.test_rotary_embedding import "
+                                           "test_rotary_embedding_matches_reference  # noqa: F401\n")
+    env = dict(os.environ, MLA_FUSE_REPORT_DIR=str(reports), PYTHONPATH=str(user_dir), DIE_AFTER="3")
+    result = subprocess.run(command, capture_output=True, text=True, cwd=user_dir, env=env, timeout=900)
+    assert result.returncode == 1, result.stdout[-3000:]
+    lines = [json.loads(line) for line in (reports / "outcomes.jsonl").read_text().splitlines()]
+    failures = [line["failure"] for line in lines if line.get("failure")]
+    assert [f["kind"] for f in failures] == ["crashed after it finished"], lines
+    assert failures[0]["property"] == ROPE_PROPERTY and failures[0]["operations"] == ["rotary_embedding"]
+    assert sorted(path.name for path in (user_dir / "failures").iterdir()) == [pathlib.Path(failures[0]["file"]).name]
+
+    reports.joinpath("outcomes.jsonl").unlink()
+    shutil.rmtree(user_dir / "failures")
+    env.pop("DIE_AFTER")
+    result = subprocess.run(command, capture_output=True, text=True, cwd=user_dir, env=env, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert not (user_dir / "failures").exists() or not list((user_dir / "failures").iterdir())
