@@ -4,8 +4,8 @@
 sent to it: the caller (hypothesis in the conformance map, ``mla-fuse repro``) never runs a
 kernel itself. A crash (segfault, abort, illegal instruction, a device error that kills the
 process) becomes a ``Crashed`` failure naming the signal, and so does a hang (no result within
-``recording.example_timeout()`` seconds: the child is killed). After any example that did not
-pass, the next one gets a new child: a kernel that wrote out of bounds may have corrupted its
+``recording.example_timeout()`` seconds: the child is killed). After any example that failed or
+raised, the next one gets a new child: a kernel that wrote out of bounds may have corrupted its
 process (heap, OpenMP state), and a later example must not crash or hang for it. A crashing case
 is shrunk like any other failure.
 
