@@ -1,7 +1,7 @@
 """Throughput of the conformance suite as one worker of a fuzzing campaign sees it (a benchmark, not a test).
 
 1. ``properties``: examples per second per worker for every property of the suite
-   (``mla_fuse_conformance.harness.PROPERTIES``) against each implementation named: one
+   (``mla_fuse_conformance.running.harness.PROPERTIES``) against each implementation named: one
    process, one torch thread (a campaign runs one worker per core), hypothesis generating
    ``--examples`` derandomized examples per property (no database, no shrinking: what a
    worker does between finds) after a short warm-up. Each property is run ``--repeats``
@@ -51,7 +51,7 @@ MLA_SHAPE = dict(tokens=64, heads=16, kv_cache_dtype="fp8")
 def load_properties(sizes: str) -> dict:
     """The suite's registered properties (their modules imported with the case sizes chosen)."""
     os.environ["MLA_FUSE_PROPERTY_SIZES"] = sizes
-    from mla_fuse_conformance import harness
+    from mla_fuse_conformance.running import harness
 
     for module in PROPERTY_MODULES:
         importlib.import_module(f"mla_fuse_conformance.{module}")
@@ -88,7 +88,7 @@ def time_property(prop, impl, device, examples: int) -> tuple[int, float, float]
 
 
 def measure_property(prop, impl, device, examples: int, repeats: int) -> dict:
-    from mla_fuse_conformance.harness import NotProvided
+    from mla_fuse_conformance.running.harness import NotProvided
 
     row = dict(property=prop.name, impl=impl.name, device=str(device))
     try:
@@ -104,7 +104,7 @@ def measure_property(prop, impl, device, examples: int, repeats: int) -> dict:
 
 
 def measure_properties(impl_specs, device, examples: int, repeats: int, sizes: str, match: str) -> list[dict]:
-    from mla_fuse_conformance.implementation import load_implementation
+    from mla_fuse_conformance.contract.implementation import load_implementation
 
     properties = load_properties(sizes)
     impls = [load_implementation(spec) for spec in impl_specs]
@@ -148,7 +148,7 @@ def print_speedups(rows: list[dict]) -> None:
 
 def mla_runners() -> dict:
     """No-argument callables doing the fused op's work, each on its own inputs."""
-    from mla_fuse_conformance import bench
+    import bench_ops as bench  # beside this script
     from mla_fuse_conformance.adapters import triton_cpu_fast
 
     inputs = {name: bench.make_inputs(device="cpu", **MLA_SHAPE) for name in ("kernel", "fast", "reference", "eager")}
@@ -163,7 +163,7 @@ def mla_runners() -> dict:
 def check_same_work() -> None:
     """The eager version and the fast path leave the kernel's bits on the benchmark's inputs."""
     from mla_fuse import ops
-    from mla_fuse_conformance import bench
+    import bench_ops as bench  # beside this script
     from mla_fuse_conformance.adapters import triton_cpu_fast
 
     runs = {name: bench.make_inputs(device="cpu", **MLA_SHAPE) for name in ("kernel", "eager", "fast")}
@@ -272,7 +272,7 @@ def main(argv=None) -> None:
     torch.set_num_threads(1)
     if args.upstream_helper_calls:
         use_upstream_helper_calls()
-    from mla_fuse_conformance.devices import select_device
+    from mla_fuse_conformance.running.devices import select_device
 
     device = select_device()
     on_gpu = device.type == "cuda"

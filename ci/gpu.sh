@@ -7,4 +7,4 @@ python3 -m venv .venv && . .venv/bin/activate
 pip install -q torch==2.13.0 triton==3.9.0 -e ".[test,bench]"
 pytest -n auto --hypothesis-profile=mla_fuse.gpu --junitxml=reports/pytest-gpu.xml
 mla-fuse verify --profile gpu --report-dir reports/verify-gpu -n auto
-mla-fuse bench --out reports/bench
+python benchmarks/bench_ops.py --out reports/bench

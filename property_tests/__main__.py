@@ -2,6 +2,6 @@
 
 import sys
 
-from mla_fuse_conformance.cli import main
+from mla_fuse_conformance.commands.cli import main
 
 sys.exit(main())

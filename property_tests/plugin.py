@@ -31,11 +31,12 @@ import uuid
 
 import pytest
 
-from mla_fuse_conformance.implementation import (IMPL_ENV_VAR, ImplementationError, load_implementation,
+from mla_fuse_conformance.contract.implementation import (IMPL_ENV_VAR, ImplementationError, load_implementation,
                                                  parse_required, resolve_spec)
 
 try:  # without the `test` extra the plugin still loads (it is in every session), but does little
-    from mla_fuse_conformance import profiles, recording
+    from mla_fuse_conformance.settings import profiles
+    from mla_fuse_conformance.running import recording
 except ImportError:  # hypothesis is missing
     profiles = recording = None
 
@@ -91,8 +92,8 @@ def pytest_report_collectionfinish(config, items):
         return None
     from hypothesis import settings
 
-    from mla_fuse_conformance import strategies
-    from mla_fuse_conformance.devices import select_device
+    from mla_fuse_conformance.cases import strategies
+    from mla_fuse_conformance.running.devices import select_device
 
     return (f"mla_fuse: implementation {resolve_spec(config.getoption('--impl'))}, hypothesis profile "
             f"{settings.get_current_profile_name()!r}, sizes "
@@ -106,7 +107,7 @@ def pytest_report_collectionfinish(config, items):
 def mla_fuse_impl(request):
     """The implementation under test (``implementation.Implementation``); the properties draw
     within its declared capabilities."""
-    from mla_fuse_conformance import harness
+    from mla_fuse_conformance.running import harness
 
     loaded = loaded_implementation(request.config)
     harness.use_implementation(loaded)
@@ -116,7 +117,7 @@ def mla_fuse_impl(request):
 @pytest.fixture(scope="session")
 def mla_fuse_device():
     """CUDA if available (xdist worker N uses GPU N % count), else the CPU; $MLA_FUSE_DEVICE overrides."""
-    from mla_fuse_conformance.devices import select_device
+    from mla_fuse_conformance.running.devices import select_device
 
     return select_device()
 
@@ -130,7 +131,7 @@ def pytest_runtest_setup(item):
 @pytest.hookimpl(tryfirst=True)  # after hypothesis' own hook wrapper has set its key
 def pytest_runtest_call(item):
     if profiles is not None and "mla_fuse_impl" in getattr(item, "fixturenames", ()):
-        from mla_fuse_conformance.database import key_by_suite_node_id
+        from mla_fuse_conformance.settings.database import key_by_suite_node_id
 
         key_by_suite_node_id(item)  # one example-database key per property, the key HypoFuzz uses
 

@@ -8,11 +8,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mla_fuse_conformance import build, strategies
-from mla_fuse_conformance.capabilities import CONTRACT, Capabilities, from_declaration
-from mla_fuse_conformance.cases import MlaCase, RopeCase, SlotSpec, TableSpec
-from mla_fuse_conformance.features import AXES, AXIS, features
-from mla_fuse_conformance.protocol import OPERATIONS
+from mla_fuse_conformance.cases import tensors as build
+from mla_fuse_conformance.cases import strategies
+from mla_fuse_conformance.contract.capabilities import CONTRACT, Capabilities, from_declaration
+from mla_fuse_conformance.cases.types import MlaCase, RopeCase, SlotSpec, TableSpec
+from mla_fuse_conformance.cases.features import AXES, AXIS, features
+from mla_fuse_conformance.contract.operations import OPERATIONS
 
 SETTINGS = settings(max_examples=25, deadline=None, database=None, derandomize=True,
                     suppress_health_check=list(HealthCheck))

@@ -17,12 +17,12 @@ import sys
 import pytest
 import torch
 
-from mla_fuse_conformance import repro
-from mla_fuse_conformance.cases import PositionSpec, RopeCase, TableSpec
-from mla_fuse_conformance.executor import Crashed, Executor, Hung, RaisedInChild
-from mla_fuse_conformance.harness import property_named
-from mla_fuse_conformance.implementation import load_implementation
-from mla_fuse_conformance.mapping import check_limit, map_property
+from mla_fuse_conformance.running import replay as repro
+from mla_fuse_conformance.cases.types import PositionSpec, RopeCase, TableSpec
+from mla_fuse_conformance.running.executor import Crashed, Executor, Hung, RaisedInChild
+from mla_fuse_conformance.running.harness import property_named
+from mla_fuse_conformance.contract.implementation import load_implementation
+from mla_fuse_conformance.commands.conformance_map import check_limit, map_property
 
 ROPE_PROPERTY = "test_rotary_embedding:test_rotary_embedding_matches_reference"
 ADAPTERS = '''
@@ -181,7 +181,7 @@ def test_a_worker_crash_under_pytest_becomes_a_failure_file(user_dir):
     file attributed to the property, and the rest of the session runs."""
     reports = user_dir / "reports"
     command = [sys.executable, "-m", "pytest", "--pyargs",
-               f"mla_fuse_conformance.test_rotary_embedding", "--impl=adapters_here:CrashesOnRank2",
+               f"mla_fuse_conformance.properties.test_rotary_embedding", "--impl=adapters_here:CrashesOnRank2",
                "-n", "1", "-p", "no:cacheprovider", "-q", "--hypothesis-profile=mla_fuse.ci"]
     env = dict(os.environ, MLA_FUSE_REPORT_DIR=str(reports), PYTHONPATH=str(user_dir))
     result = subprocess.run(command, capture_output=True, text=True, cwd=user_dir, env=env, timeout=900)
@@ -198,7 +198,7 @@ def test_a_worker_crash_under_pytest_becomes_a_failure_file(user_dir):
 
 def test_an_adapter_that_does_not_import_stops_pytest_with_one_line(user_dir):
     (user_dir / "broken_adapter.py").write_text("import no_such_library\n")
-    result = subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "mla_fuse_conformance.test_mla",
+    result = subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "mla_fuse_conformance.properties.test_mla",
                              "--impl=broken_adapter:Kernels", "-p", "no:cacheprovider"],
                             capture_output=True, text=True, cwd=user_dir, timeout=300)
     errors = [line for line in result.stderr.splitlines() if line.strip()]
@@ -211,7 +211,7 @@ def test_a_hang_under_pytest_becomes_a_failure_file_with_the_stacks(user_dir):
     example is a "hung" failure of its cell, with where the threads were, and it replays as one."""
     reports = user_dir / "reports"
     command = [sys.executable, "-m", "pytest", "--pyargs",
-               "mla_fuse_conformance.test_rotary_embedding::test_rotary_embedding_matches_reference",
+               "mla_fuse_conformance.properties.test_rotary_embedding::test_rotary_embedding_matches_reference",
                "--impl=adapters_here:HangsOnRank2", "-n", "1", "-p", "no:cacheprovider", "-q",
                "--hypothesis-profile=mla_fuse.ci"]
     env = dict(os.environ, MLA_FUSE_REPORT_DIR=str(reports), PYTHONPATH=str(user_dir), MLA_FUSE_EXAMPLE_TIMEOUT="10")
@@ -229,8 +229,8 @@ def test_a_hang_under_pytest_becomes_a_failure_file_with_the_stacks(user_dir):
 def test_verify_maps_a_property_whose_worker_died_without_leaving_its_example():
     """A failed property test with no failure file (the worker died after its example, e.g. of a heap
     its kernel had corrupted) is still mapped; failure files come first, each property once."""
-    from mla_fuse_conformance import test_mla  # noqa: F401 (registers its properties)
-    from mla_fuse_conformance.verify import failing_properties, summarize
+    from mla_fuse_conformance.properties import test_mla  # noqa: F401 registers its properties
+    from mla_fuse_conformance.commands.verify import failing_properties, summarize
 
     mla = "test_mla:test_mla_cache_write_matches_reference"
     outcomes = [{"nodeid": "test_rotary_embedding.py::test_rotary_embedding_matches_reference", "outcome": "failed",
@@ -250,7 +250,7 @@ def test_a_worker_that_dies_between_examples_blames_the_last_one(user_dir):
     leaves nothing of its examples in the failure directory."""
     (user_dir / "conftest.py").write_text('''
 import os
-from mla_fuse_conformance import recording
+from mla_fuse_conformance.running import recording
 
 _finished = recording.Recorder.finished
 _count = [0]
@@ -266,7 +266,7 @@ recording.Recorder.finished = finished
     reports = user_dir / "reports"
     command = [sys.executable, "-m", "pytest", "test_here.py", "--impl=adapters_here:OnlyRope", "-n", "1",
                "-p", "no:cacheprovider", "-q", "--hypothesis-profile=mla_fuse.ci"]
-    (user_dir / "test_here.py").write_text("from mla_fuse_conformance.test_rotary_embedding import "
+    (user_dir / "test_here.py").write_text("from mla_fuse_conformance.properties.test_rotary_embedding import "
                                            "test_rotary_embedding_matches_reference  # noqa: F401\n")
     env = dict(os.environ, MLA_FUSE_REPORT_DIR=str(reports), PYTHONPATH=str(user_dir), DIE_AFTER="3")
     result = subprocess.run(command, capture_output=True, text=True, cwd=user_dir, env=env, timeout=900)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from mla_fuse import ops  # registers the mla_fuse::* ops
-from mla_fuse_conformance.implementation import OPERATIONS, load_implementation
+from mla_fuse_conformance.contract.implementation import OPERATIONS, load_implementation
 from mla_fuse_reference import rope as ref_rope
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -22,10 +22,12 @@ import pytest
 import torch
 from hypothesis import example, given, strategies as st
 
-from mla_fuse_conformance import build as builder
-from mla_fuse_conformance import comparisons, harness, strategies
-from mla_fuse_conformance.implementation import load_implementation
-from mla_fuse_conformance.devices import select_device
+from mla_fuse_conformance.cases import tensors as builder
+from mla_fuse_conformance.judging import comparisons
+from mla_fuse_conformance.running import harness
+from mla_fuse_conformance.cases import strategies
+from mla_fuse_conformance.contract.implementation import load_implementation
+from mla_fuse_conformance.running.devices import select_device
 
 DEVICE = select_device()
 KERNELS = load_implementation("triton")

@@ -21,9 +21,12 @@ from hypothesis.extra.redis import RedisExampleDatabase
 from hypothesis.internal.conjecture.data import Status
 from hypothesis.internal.reflection import function_digest
 
-import mla_fuse_conformance.test_flash as flash_properties
-import mla_fuse_conformance.test_mla as mla_properties
-from mla_fuse_conformance import cli, database, fuzz, profiles
+import mla_fuse_conformance.properties.test_flash as flash_properties
+import mla_fuse_conformance.properties.test_mla as mla_properties
+from mla_fuse_conformance.commands import cli
+from mla_fuse_conformance.settings import database
+from mla_fuse_conformance.commands import fuzz
+from mla_fuse_conformance.settings import profiles
 
 NODEID = "test_flash.py::test_fused_flash_matches_reference"
 
@@ -70,7 +73,7 @@ def test_the_replay_profile_only_replays_the_database():
 def test_under_ci_only_the_ci_profile_is_derandomized():
     """Hypothesis loads its own `ci` profile at import when CI is set; ours must not inherit it
     (HypoFuzz refuses derandomized tests, and dev/gpu/nightly are random by design)."""
-    check = ("import json; from hypothesis import settings; import mla_fuse_conformance.profiles as p; "
+    check = ("import json; from hypothesis import settings; import mla_fuse_conformance.settings.profiles as p; "
              "print(json.dumps({n: settings.get_profile(p.full_name(n)).derandomize for n in p.NAMES}))")
     shown = subprocess.run([sys.executable, "-c", check], env={**os.environ, "CI": "true"}, capture_output=True,
                            text=True, check=True).stdout

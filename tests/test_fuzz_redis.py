@@ -111,7 +111,7 @@ def failure_entries(redis_url: str, database_key: str) -> tuple[set[bytes], set[
     """The choice sequences stored under a property's failure keys: (shrunk, not yet shrunk)."""
     from redis import Redis
 
-    from mla_fuse_conformance.database import REDIS_KEY_PREFIX
+    from mla_fuse_conformance.settings.database import REDIS_KEY_PREFIX
 
     client, key = Redis.from_url(redis_url), REDIS_KEY_PREFIX + bytes.fromhex(database_key)
     return client.smembers(key), client.smembers(key + b".secondary")

@@ -16,9 +16,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mla_fuse_conformance import cli
+from mla_fuse_conformance.commands import cli
 from mla_fuse_conformance.adapters import flashinfer, sglang
-from mla_fuse_conformance.implementation import OPERATIONS, describe, load_implementation
+from mla_fuse_conformance.contract.implementation import OPERATIONS, describe, load_implementation
 from mla_fuse_reference.adapter import ReferenceImplementation
 
 ADAPTERS = {"flashinfer": (flashinfer.FlashInferImplementation, "flashinfer", "pip install flashinfer-python"),

@@ -5,7 +5,7 @@ import types
 
 import pytest
 
-from mla_fuse_conformance.implementation import OPERATIONS, describe, load_implementation
+from mla_fuse_conformance.contract.implementation import OPERATIONS, describe, load_implementation
 
 
 def test_reference_is_registered_and_complete():
@@ -58,7 +58,7 @@ def test_an_object_without_operations_is_rejected():
 
 
 def test_a_misspelled_operation_is_named_and_a_required_one_fails(monkeypatch):
-    from mla_fuse_conformance.harness import NotProvided, RequiredOperationMissing, property_named
+    from mla_fuse_conformance.running.harness import NotProvided, RequiredOperationMissing, property_named
 
     target = types.SimpleNamespace(concat_and_cache_mla=lambda *args: None,
                                    concat_and_cache_mla_rope_fuse=lambda *args: None)
@@ -74,7 +74,7 @@ def test_a_misspelled_operation_is_named_and_a_required_one_fails(monkeypatch):
 
 @pytest.mark.parametrize("text, message", [("rotary", "not an operation"), ("rotary_embedding,,x", "x not")])
 def test_require_names_only_operations(text, message):
-    from mla_fuse_conformance.implementation import ImplementationError, parse_required
+    from mla_fuse_conformance.contract.implementation import ImplementationError, parse_required
 
     with pytest.raises(ImplementationError, match=message):
         parse_required(text)
@@ -87,7 +87,7 @@ def test_the_adapter_attribute_required_adds_to_the_option():
 
 
 def test_load_errors_are_one_line(tmp_path, monkeypatch):
-    from mla_fuse_conformance.implementation import ImplementationError
+    from mla_fuse_conformance.contract.implementation import ImplementationError
 
     (tmp_path / "fails_on_init.py").write_text("class K:\n    def __init__(self):\n        raise ImportError('lib "
                                                "missing\\nsecond line')\n")

@@ -25,7 +25,7 @@ import torch
 
 from mla_fuse import ops
 from mla_fuse.kernels import config
-from mla_fuse_conformance import comparisons
+from mla_fuse_conformance.judging import comparisons
 from mla_fuse_reference import fp8 as ref_fp8
 from mla_fuse_reference import ops as ref_ops
 from mla_fuse_reference import rope as ref_rope

@@ -1,6 +1,6 @@
 """Mutation self-test of the property suite (issue 4).
 
-Every mutant of ``mla_fuse_conformance.mutants`` carries one bug from ``shared/BUGS.md``; the
+Every mutant of ``mla_fuse_conformance.mutants.kernels`` carries one bug from ``shared/BUGS.md``; the
 properties of ``property_tests/`` must catch each of them within the ``ci`` profile
 (derandomized, the same examples as CI), and must pass ``mutant:none``, the bug-free
 base. A mutant counts as caught only when a property *asserts* (AssertionError): a
@@ -19,14 +19,15 @@ import time
 import pytest
 from hypothesis import Verbosity, example, given, settings
 
-import mla_fuse_conformance.test_flash  # noqa: F401  (registers the properties)
-import mla_fuse_conformance.test_mla  # noqa: F401
-import mla_fuse_conformance.test_rotary_embedding  # noqa: F401
-from mla_fuse_conformance.implementation import load_implementation
-from mla_fuse_conformance.mutants import APPROXIMATED, BUG_CLASSES, HONEST, MUTANTS
-from mla_fuse_conformance import profiles, recording
-from mla_fuse_conformance.devices import select_device
-from mla_fuse_conformance.harness import PROPERTIES, NotProvided
+import mla_fuse_conformance.properties.test_flash  # noqa: F401  (registers the properties)
+import mla_fuse_conformance.properties.test_mla  # noqa: F401
+import mla_fuse_conformance.properties.test_rotary_embedding  # noqa: F401
+from mla_fuse_conformance.contract.implementation import load_implementation
+from mla_fuse_conformance.mutants.kernels import APPROXIMATED, BUG_CLASSES, HONEST, MUTANTS
+from mla_fuse_conformance.settings import profiles
+from mla_fuse_conformance.running import recording
+from mla_fuse_conformance.running.devices import select_device
+from mla_fuse_conformance.running.harness import PROPERTIES, NotProvided
 
 # cheapest and broadest first: the fused properties see rope and cache at once
 ORDER = [

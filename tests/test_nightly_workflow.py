@@ -9,7 +9,7 @@ import subprocess
 
 import yaml
 
-from mla_fuse_conformance import cli
+from mla_fuse_conformance.commands import cli
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 WORKFLOW = ROOT / ".github" / "workflows" / "nightly.yml"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mla_fuse_conformance.engine_caches import (
+from mla_fuse_conformance.cases.engine_caches import (
     ENGINE_LAYOUTS, CacheLayout, MhaCacheSpec, MlaCacheSpec, build_caches, pools_bitwise_equal,
 )
 

@@ -1,6 +1,6 @@
 """Mutation self-test of the compile-pass properties (issue 10).
 
-Every mutant of ``mla_fuse_conformance.pass_mutants`` carries one "Compile passes" bug of
+Every mutant of ``mla_fuse_conformance.mutants.passes`` carries one "Compile passes" bug of
 ``shared/BUGS.md`` (and the copy-free rule). The compile-pass property suite alone
 (``property_tests/test_compile_passes.py``; no unit test) must catch each within the ``ci``
 profile: its explicit examples, then the derandomized examples CI generates, without
@@ -18,9 +18,10 @@ import time
 import pytest
 from hypothesis import Verbosity, example, given, settings
 
-from mla_fuse_conformance import profiles, recording
-from mla_fuse_conformance.pass_mutants import PASS_MUTANTS
-from mla_fuse_conformance.test_compile_passes import CI_EXAMPLES, PROPERTIES
+from mla_fuse_conformance.settings import profiles
+from mla_fuse_conformance.running import recording
+from mla_fuse_conformance.mutants.passes import PASS_MUTANTS
+from mla_fuse_conformance.properties.test_compile_passes import CI_EXAMPLES, PROPERTIES
 
 
 def hunt(strategy, check, explicit, max_examples: int):

@@ -47,7 +47,7 @@ import importlib.util
 
 import torch
 
-from mla_fuse_conformance.capabilities import Capabilities
+from mla_fuse_conformance.contract.capabilities import Capabilities
 
 NOT_INSTALLED = "flashinfer is not installed: pip install flashinfer-python (needs a CUDA GPU)"
 FP8_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}

@@ -32,7 +32,7 @@ import pathlib
 
 import torch
 
-from mla_fuse_conformance.capabilities import Capabilities
+from mla_fuse_conformance.contract.capabilities import Capabilities
 
 LIBRARY_ENV_VAR = "MLA_FUSE_VLLM_CPU_LIBRARY"
 NOT_INSTALLED = ("vLLM is not installed: on a GPU machine `pip install vllm`; on a CPU-only machine "

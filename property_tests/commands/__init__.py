@@ -1,0 +1,1 @@
+"""The mla-fuse commands: verify (with its conformance map), repro, fuzz, db."""

@@ -1,0 +1,217 @@
+"""The conformance map of a failing property, and the check that declared limits are real.
+
+A failing property says little by itself ("rotary_embedding: FAIL"). The map says which feature
+values fail and which pass, each failing cell with its own replay file:
+
+1. Search the property (hypothesis, ci settings) within the implementation's declared limits.
+2. On a failure, take hypothesis' shrunk case and find the features the failure needs: move the
+   case along each axis to every other allowed value (``features.Axis.set``, same seed); a value is
+   part of the failing cell when moving it away makes the example pass. The cell is the
+   conjunction, e.g. ``query rank 3, heads >1``; it gets a failure file.
+3. Search again with every case inside a known cell rejected, until a search passes (or
+   ``rounds`` cells were found). The passing examples' feature values are the rest of the map.
+
+Limit checks run a few examples just outside one declared limit (that axis pinned to a value the
+implementation says it does not support, everything else inside): a failure confirms the limit,
+passes are noted ("declared unsupported, but handled").
+
+Every example runs in an ``executor.Executor`` child, so a crash is a failure of its cell (and is
+shrunk like one) instead of the end of the run.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import pathlib
+from typing import Callable
+
+from hypothesis import HealthCheck, Verbosity, given, reject, settings
+from hypothesis.errors import FlakyFailure, Unsatisfiable, UnsatisfiedAssumption
+
+from mla_fuse_conformance.settings import profiles
+from mla_fuse_conformance.running import recording
+from mla_fuse_conformance.cases.types import BadInputCase
+from mla_fuse_conformance.running.executor import ChildNotProvided, Crashed, RaisedInChild
+from mla_fuse_conformance.cases.features import AXIS, axes_for, describe, features
+
+FAILURES = (AssertionError, RaisedInChild, Crashed)
+
+
+@dataclasses.dataclass
+class Cell:
+    """Feature values a failure needs, and how it failed (``file``: its replay file)."""
+
+    features: dict[str, str]
+    kind: str
+    error: str
+    file: str
+
+
+@dataclasses.dataclass
+class PropertyMap:
+    property: str
+    operations: tuple[str, ...]
+    cells: list[Cell]
+    passing: dict[str, dict[str, int]]  # axis -> value -> passing examples with it
+    examples: int
+    complete: bool  # the last search passed: no failing cell left outside those found
+    error: str | None = None  # why the map could not be finished (verify goes on with the others)
+
+    def lines(self) -> list[str]:
+        if self.error is not None:
+            return [f"{self.property}: no map: {self.error.splitlines()[0][:300]}"]
+        out = [f"{self.property}: {len(self.cells)} failing cell(s), {self.examples} examples"
+               + ("" if self.complete else " (stopped at the round limit; more cells may fail)")]
+        for cell in self.cells:
+            out.append(f"  fails   {describe(cell.features)}: {cell.kind}  (replay: {recording.replay_command(pathlib.Path(cell.file))})")
+        failing_values = {(axis, value) for cell in self.cells for axis, value in cell.features.items()}
+        for axis, counts in self.passing.items():
+            shown = ", ".join(f"{value}{' (also in a failing cell)' if (axis, value) in failing_values else ''}: "
+                              f"{count}" for value, count in counts.items())
+            out.append(f"  passes  {axis}: {shown}")
+        return out
+
+
+def _base(case):
+    return case.base if isinstance(case, BadInputCase) else case
+
+
+def matches(cell: dict[str, str], found: dict[str, str]) -> bool:
+    return all(found.get(axis) == value for axis, value in cell.items())
+
+
+def search(prop, strategy, run_example: Callable, exclude: list[dict], max_examples: int, shrink: bool = True):
+    """Run ``prop`` over ``strategy`` (cases inside any ``exclude`` cell rejected). Returns
+    ``(failing case or None, its error, features of the passing examples)``; the failing case is
+    hypothesis' shrunk one."""
+    passed: list[dict] = []
+    last: dict = {}
+    phases = profiles.CI_PHASES if shrink else profiles.NO_SHRINK_PHASES
+
+    @settings(profiles.ci_settings(max_examples=max_examples, phases=phases, report_multiple_bugs=False,
+                                   verbosity=Verbosity.quiet, database=None,
+                                   suppress_health_check=list(HealthCheck)))
+    @given(case=strategy)
+    def explore(case):
+        found = features(_base(case), prop.rotates)
+        if any(matches(cell, found) for cell in exclude):
+            reject()
+        try:
+            run_example(case)
+        except FAILURES as error:
+            last["case"], last["error"] = case, error
+            raise
+        passed.append(found)
+
+    try:
+        explore()
+    except FAILURES as error:
+        return last.get("case"), error, passed
+    except FlakyFailure:
+        # the same case failed one way, then another (a wrong result, then a crash): a kernel whose
+        # out-of-bounds writes corrupt its process does that. The last failure is the finding.
+        last["error"].flaky = True
+        return last.get("case"), last["error"], passed
+    except Unsatisfiable:
+        pass
+    return None, None, passed
+
+
+def _fails(run_example: Callable, case) -> bool | None:
+    """True / False, or None where the example does not apply (rejected, not provided)."""
+    try:
+        run_example(case)
+    except FAILURES:
+        return True
+    except (UnsatisfiedAssumption, ChildNotProvided):
+        return None
+    return False
+
+
+SEEDS_PER_VARIANT = 3
+
+
+def _passes_for_every_seed(prop, impl, run_example: Callable, case) -> bool:
+    """Whether ``case`` passes with its own seed and ``SEEDS_PER_VARIANT - 1`` others: a value is
+    only needed by a failure if moving away from it passes whatever the data (a NaN that happens
+    to hide the one wrong element must not make "no NaN" part of the cell)."""
+    for offset in range(SEEDS_PER_VARIANT):
+        reseeded = dataclasses.replace(case, seed=(case.seed + offset) % 2 ** 32)
+        if not prop.allows(impl, reseeded) or _fails(run_example, reseeded) is not False:
+            return False
+    return True
+
+
+def failing_cell(prop, impl, run_example: Callable, case) -> dict[str, str]:
+    """The feature values of ``case`` its failure needs (see the module docstring, step 2)."""
+    base = _base(case)
+    found = features(base, prop.rotates)
+    cell = {}
+    for axis in axes_for(prop.rotates):
+        value = found.get(axis.name)
+        if value is None:
+            continue
+        for other in axis.values:
+            moved = axis.set(base, other) if other != value else None
+            if moved is not None and _passes_for_every_seed(prop, impl, run_example, moved):
+                cell[axis.name] = value
+                break
+    return cell
+
+
+def map_property(prop, impl, device, run_example: Callable, max_examples: int, rounds: int = 6) -> PropertyMap:
+    """The conformance map of ``prop`` on ``impl`` (module docstring)."""
+    cells: list[Cell] = []
+    exclude: list[dict] = []
+    passing: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    examples, complete = 0, False
+    strategy = prop.strategy_for(impl)
+    for _ in range(rounds):
+        case, error, passed = search(prop, strategy, run_example, exclude, max_examples)
+        examples += len(passed) + (case is not None)
+        for found in passed:
+            for axis, value in found.items():
+                passing[axis][value] += 1
+        if case is None:
+            complete = True
+            break
+        cell = failing_cell(prop, impl, run_example, case)
+        failure = dict(recording.failure_record(prop, impl, device, case, error), cell=cell)
+        if getattr(error, "flaky", False):
+            failure["kind"] += ", not the same on replay"
+        path = recording.save_failure(failure, f"map:{prop.name}", profiles.full_name("ci"))
+        cells.append(Cell(cell, failure["kind"], failure["error"].splitlines()[0][:300] if failure["error"] else "",
+                          str(path)))
+        exclude.append(cell)
+        if not cell:  # every case tried fails: nothing left to map
+            complete = True
+            break
+    order = {axis.name: index for index, axis in enumerate(axes_for(prop.rotates))}
+    ordered = {axis: dict(sorted(counts.items(), key=lambda item: AXIS[axis].values.index(item[0])))
+               for axis, counts in sorted(passing.items(), key=lambda item: order.get(item[0], 99))}
+    return PropertyMap(prop.name, prop.operations, cells, ordered, examples, complete)
+
+
+@dataclasses.dataclass
+class LimitCheck:
+    operation: str
+    axis: str
+    value: str
+    outcome: str  # "confirmed" (fails outside the limit) / "handled" (passes) / "not reached"
+    detail: str
+    examples: int
+
+
+def check_limit(prop, impl, run_example: Callable, operation: str, axis: str, value: str,
+                max_examples: int = 5) -> LimitCheck:
+    """Run ``prop`` just outside one declared limit of ``operation`` (``axis`` pinned to ``value``)."""
+    strategy = prop.strategy_for(impl, capabilities=impl.caps(operation).only(axis, value))
+    case, error, passed = search(prop, strategy, run_example, [], max_examples, shrink=False)
+    if case is not None:
+        message = str(error).strip().splitlines()
+        return LimitCheck(operation, axis, value, "confirmed", f"{recording.failure_kind(error)}"
+                          + (f": {message[-1][:200]}" if message else ""), len(passed) + 1)
+    if not passed:
+        return LimitCheck(operation, axis, value, "not reached", "no case with this value could be drawn", 0)
+    return LimitCheck(operation, axis, value, "handled", f"{len(passed)} examples passed", len(passed))

@@ -1,0 +1,267 @@
+"""``mla-fuse verify``: run the conformance suite against an implementation and report.
+
+1. Load the implementation here first: one that does not import, or provides none of the
+   operations, stops the run with one line (exit status 2). Print its declarations, the
+   operations it provides (and names that look like misspelled ones), and its declared limits.
+2. Run the property suite: ``python -m pytest --pyargs mla_fuse_conformance`` with pytest-xdist,
+   so a kernel that crashes kills one worker, not the run (the crashing example is saved as a
+   failure file by the plugin). Outcomes and metrics come from pytest's report hooks
+   (``outcomes.jsonl``, written by the plugin), not from parsing JUnit; ``junit.xml`` is still
+   written for CI services.
+3. For every failing property, build its conformance map (``mapping.py``): which feature values
+   fail, each failing cell with its replay file, and which pass.
+4. Check each declared limit with a few cases just outside it.
+5. Print the report, write ``report.json``; exit 0 when everything passed, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+from mla_fuse_conformance.settings import profiles
+from mla_fuse_conformance.running import recording
+from mla_fuse_conformance.cases.features import describe
+from mla_fuse_conformance.contract.implementation import OPERATIONS, ImplementationError, load_implementation
+from mla_fuse_conformance.plugin import OUTCOMES_FILE
+
+SUITE_PACKAGE = "mla_fuse_conformance"
+GENERAL = "general"  # tests that belong to no single operation (the suite's self-checks, compile passes)
+
+
+@dataclasses.dataclass
+class OperationSummary:
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    examples: int = 0
+    worst_rope_bound_fraction: float = 0.0  # |impl - exact| / CONTRACT §5 bound: above 1 fails
+    worst_rope_ulps: float = 0.0  # in ulps of the exact value (large where a rotation cancels)
+    worst_fp8_code_diff: int = 0
+    padded_slot_cases: int = 0
+    saturation_cases: int = 0
+
+    @property
+    def verdict(self) -> str:
+        if self.failed:
+            return "FAIL"
+        return "pass" if self.passed else "skipped"
+
+    def count(self, outcome: str) -> None:
+        if outcome == "passed":
+            self.passed += 1
+        elif outcome == "skipped":
+            self.skipped += 1
+        else:
+            self.failed += 1
+
+    def fold(self, metrics: dict) -> None:
+        self.examples += int(metrics.get("examples", 0))
+        self.worst_rope_bound_fraction = max(self.worst_rope_bound_fraction,
+                                             float(metrics.get("worst_rope_bound_fraction", 0.0)))
+        self.worst_rope_ulps = max(self.worst_rope_ulps, float(metrics.get("worst_rope_ulps", 0.0)))
+        self.worst_fp8_code_diff = max(self.worst_fp8_code_diff, int(metrics.get("worst_fp8_code_diff", 0)))
+        self.padded_slot_cases += int(metrics.get("padded_slot_cases", 0))
+        self.saturation_cases += int(metrics.get("saturation_cases", 0))
+
+
+def read_outcomes(path: pathlib.Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def summarize(outcomes: list[dict], spec: str) -> dict[str, OperationSummary]:
+    """Per operation: outcomes and metrics of the properties exercising ``spec`` (a property over
+    several operations, fused vs unfused, counts for each); the rest counts as ``general`` (the
+    suite's self-checks run mutants on purpose: their metrics are not the implementation's)."""
+    summaries: dict[str, OperationSummary] = {}
+    for line in outcomes:
+        metrics = line.get("metrics") or {}
+        if metrics.get("impl") != spec:
+            metrics = {}
+        prop = property_of(line["nodeid"])
+        operations = (metrics.get("operations") or (line.get("failure") or {}).get("operations")
+                      or (prop.operations if prop is not None and line["outcome"] == "failed" else [GENERAL]))
+        for operation in operations:
+            summary = summaries.setdefault(operation, OperationSummary())
+            summary.count(line["outcome"])
+            summary.fold(metrics)
+    return summaries
+
+
+def format_table(summaries: dict[str, OperationSummary]) -> str:
+    header = ("operation", "examples", "rope bound used", "rope ulps", "fp8 codes", "padded", "saturated",
+              "passed", "failed", "skipped", "verdict")
+    rows = [header]
+    for op in [*OPERATIONS, GENERAL]:
+        if op not in summaries:
+            continue
+        s = summaries[op]
+        rows.append((op, str(s.examples), f"{s.worst_rope_bound_fraction:.3f}", f"{s.worst_rope_ulps:.3g}",
+                     str(s.worst_fp8_code_diff), str(s.padded_slot_cases), str(s.saturation_cases), str(s.passed),
+                     str(s.failed), str(s.skipped), s.verdict))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) for row in rows]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def describe_implementation(impl) -> list[str]:
+    """The declarations, the operations found, and the declared limits, as report lines."""
+    provided, missing = impl.operations, [op for op in OPERATIONS if not impl.provides(op)]
+    lines = [f"implementation: {impl.spec} ({impl.name}): rounding {impl.rounding}, padded rows {impl.padded_rows}, "
+             f"checks inputs {'yes' if impl.checks_inputs else 'no'}",
+             f"operations found: {', '.join(provided)}"]
+    if missing:
+        required = [op for op in missing if op in impl.required]
+        lines.append(f"not provided: {', '.join(missing)}" + (f" (REQUIRED: {', '.join(required)} fail)" if required
+                                                               else " (their properties are skipped)"))
+    for attr, op in impl.near_misses.items():
+        lines.append(f"warning: {attr!r} is not an operation of the contract; did you mean {op!r}?"
+                     + ("" if op in impl.required else " (--require it to make its absence a failure)"))
+    for op in provided:
+        rotates = op in ("rotary_embedding", "concat_and_cache_mla_rope_fused", "rope_and_reshape_and_cache_flash")
+        limits = impl.caps(op).describe(rotates)
+        lines.append(f"declared limits of {op}: " + ("; ".join(limits) if limits else "none (the whole contract)"))
+    return lines
+
+
+def pytest_command(spec: str, profile: str, report_dir: pathlib.Path, workers: str, require: tuple[str, ...],
+                   extra: list[str]) -> list[str]:
+    return [sys.executable, "-m", "pytest", "--pyargs", SUITE_PACKAGE, f"--impl={spec}",
+            *([f"--require={','.join(require)}"] if require else []),
+            f"--hypothesis-profile={profiles.full_name(profile)}", f"--junitxml={report_dir / 'junit.xml'}",
+            "-p", "no:cacheprovider", "-n", workers, *extra]
+
+
+def property_of(nodeid: str):
+    """The registered property a test id runs, or None (``_import_properties`` registers them)."""
+    from mla_fuse_conformance.running.harness import PROPERTIES
+
+    path, _, function = nodeid.partition("::")
+    return PROPERTIES.get(f"{pathlib.PurePath(path).stem}:{function.partition('[')[0]}")
+
+
+def failing_properties(outcomes: list[dict]) -> list[str]:
+    """Names of the properties that failed: those with a failure file, then registered properties
+    whose test failed without one (a worker that died after its example had finished, e.g. at a
+    ``free`` of a heap its kernel had corrupted). Bad-input properties are per corruption already."""
+    names = []
+    for line in outcomes:
+        failure = line.get("failure")
+        if failure and failure["property"] not in names:
+            names.append(failure["property"])
+    for line in outcomes:
+        prop = property_of(line["nodeid"]) if line["outcome"] == "failed" and not line.get("failure") else None
+        if prop is not None and not prop.needs_input_checks and prop.name not in names:
+            names.append(prop.name)
+    return names
+
+
+def run_maps(impl, outcomes: list[dict], profile: str, rounds: int) -> tuple[list, list]:
+    """Conformance maps of the failing properties, and the checks of the declared limits."""
+    from mla_fuse_conformance.running.devices import select_device
+    from mla_fuse_conformance.running.executor import Executor
+    from mla_fuse_conformance.running.harness import PROPERTIES, property_named
+    from mla_fuse_conformance.commands.conformance_map import PropertyMap, check_limit, map_property
+
+    max_examples = {"ci": profiles.CI_MAX_EXAMPLES, "dev": 30}.get(profile, 100)
+    device = str(select_device())
+    maps, limits = [], []
+    with Executor(impl.spec, device, impl.required) as executor:
+        for name in failing_properties(outcomes):
+            prop = property_named(name)
+            if prop.needs_input_checks:
+                continue
+            print(f"mla-fuse verify: mapping {name} ...", flush=True)
+            try:
+                maps.append(map_property(prop, impl, device, lambda case, p=prop: executor.run(p.name, case),
+                                         max_examples, rounds))
+            except Exception as error:  # noqa: BLE001 - one property's map must not cost the report
+                print(f"mla-fuse verify: the map of {name} could not be finished: {type(error).__name__}: "
+                      f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}", flush=True)
+                maps.append(PropertyMap(prop.name, prop.operations, [], {}, 0, False,
+                                        error=f"{type(error).__name__}: {error}"[:2000]))
+        for op in impl.operations:
+            prop = next((p for p in PROPERTIES.values() if p.operations == (op,) and not p.needs_input_checks), None)
+            if prop is None:
+                continue
+            for axis, values in impl.caps(op).restrictions(prop.rotates).items():
+                for value in values:
+                    limits.append(check_limit(prop, impl, lambda case, p=prop: executor.run(p.name, case, False),
+                                              op, axis, value))
+    return maps, limits
+
+
+def _import_properties() -> None:
+    from mla_fuse_conformance.properties import test_rotary_embedding  # noqa: F401 registers them
+    from mla_fuse_conformance.properties import test_flash
+    from mla_fuse_conformance.properties import test_mla
+
+
+def run_verify(impl_spec: str | None, profile: str, report_dir: pathlib.Path, workers: str | None,
+               extra_pytest_args: list[str], require: tuple[str, ...] = (), map_rounds: int = 6) -> int:
+    try:
+        impl = load_implementation(impl_spec, require)
+    except ImplementationError as error:
+        print(f"mla-fuse verify: {error}", file=sys.stderr)
+        return 2
+    header = describe_implementation(impl)
+    print("\n".join(f"mla-fuse verify: {line}" for line in header), flush=True)
+    report_dir.mkdir(parents=True, exist_ok=True)
+    (report_dir / OUTCOMES_FILE).unlink(missing_ok=True)
+    command = pytest_command(impl.spec, profile, report_dir, workers or "auto", impl.required, extra_pytest_args)
+    print(f"$ {' '.join(command)}", flush=True)
+    started = time.monotonic()
+    env = dict(os.environ, MLA_FUSE_REPORT_DIR=str(report_dir),
+               PYTHONPATH=os.pathsep.join([os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    returncode = subprocess.call(command, env=env)
+    outcomes = read_outcomes(report_dir / OUTCOMES_FILE)
+    _import_properties()
+    summaries = summarize(outcomes, impl.spec)
+    maps, limits = run_maps(impl, outcomes, profile, map_rounds) if map_rounds else ([], [])
+    elapsed = time.monotonic() - started
+    failed = returncode not in (0, 5) or any(s.failed for s in summaries.values()) or not outcomes
+    print_report(impl, profile, elapsed, summaries, outcomes, maps, limits, failed)
+    report = {"implementation": impl.spec, "name": impl.name, "profile": profile, "seconds": round(elapsed, 1),
+              "pytest_exit_code": returncode, "passed": not failed, "declarations": header,
+              "operations": {op: {**dataclasses.asdict(s), "verdict": s.verdict} for op, s in summaries.items()},
+              "failures": [line["failure"] for line in outcomes if line.get("failure")],
+              "maps": [dataclasses.asdict(m) for m in maps], "limits": [dataclasses.asdict(c) for c in limits]}
+    (report_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nreport: {report_dir / 'report.json'}, JUnit: {report_dir / 'junit.xml'}\n"
+          f"verdict: {'FAIL' if failed else 'PASS'}")
+    return 1 if failed else 0
+
+
+def print_report(impl, profile, elapsed, summaries, outcomes, maps, limits, failed) -> None:
+    print(f"\nmla-fuse verify: {impl.spec} ({profile} profile, {elapsed:.0f} s)\n{format_table(summaries)}")
+    failures = [line["failure"] for line in outcomes if line.get("failure")]
+    others = [line for line in outcomes if line["outcome"] == "failed" and not line.get("failure")]
+    if failures or others:
+        print("\nfailures:")
+        for failure in failures:
+            print(f"  {failure['property']}: {failure['kind']} on {describe(failure.get('features', {}))}\n"
+                  f"      replay: {recording.replay_command(pathlib.Path(failure['file']))}")
+        for line in others:
+            errors = [text[1:].strip() for text in (line.get("message") or "").splitlines() if text.startswith("E ")]
+            print(f"  {line['nodeid']}: failed" + (f": {errors[0][:300]}" if errors else ""))
+    if maps:
+        print("\nconformance map (failing cells, each with a replay file; then the feature values of passing examples):")
+        for property_map in maps:
+            print("\n".join(property_map.lines()))
+    if limits:
+        print("\ndeclared limits, each checked with a few cases just outside it:")
+        by_outcome = collections.Counter(check.outcome for check in limits)
+        for check in limits:
+            note = {"confirmed": "confirmed", "handled": "declared unsupported, but handled",
+                    "not reached": "not reached"}[check.outcome]
+            print(f"  {check.operation}: {check.axis} {check.value}: {note} ({check.detail})")
+        print(f"  ({by_outcome['confirmed']} confirmed, {by_outcome['handled']} handled though declared unsupported)")

@@ -1,0 +1,347 @@
+"""Deliberately broken compile passes, one or more per "Compile passes" class of shared/BUGS.md.
+
+Each ``PassMutant`` is a context manager that patches one thing in ``mla_fuse.passes`` (or, for
+the copy-free rule, in how a layer hands its cache to the graph) for as long as it is active,
+and drops the process-wide cache of traced patterns on the way in and out (a patched pattern
+class must be traced again). ``tests/test_pass_mutants.py`` runs the compile-pass property
+suite alone against each and requires a failure: an ``AssertionError`` from a property, or one
+of the error types the mutant lists in ``caught_by`` (a mutant whose bug breaks the graph
+itself, e.g. a replacement placed before its inputs, is caught by the graph lint as a
+``RuntimeError``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Callable, Iterator
+from unittest import mock
+
+import torch
+
+import mla_fuse.compile as mc
+from mla_fuse.layers import get_forward_context, paged_attention, unified_ops
+from mla_fuse.layers.mha import MHAAttention, heads
+from mla_fuse.layers.mla import MLAAttention
+from mla_fuse.passes import (
+    aliasing, config, defunctionalize, mla_rope_kvcache_fusion, pattern_utils, rope_forms,
+    rope_kvcache_fusion, scatter_split_replace,
+)
+from mla_fuse.passes.fx_utils import call_args, is_op
+from mla_fuse_conformance.cases.pass_models import inverse_rope
+
+aten = torch.ops.aten
+
+
+@dataclasses.dataclass(frozen=True)
+class PassMutant:
+    name: str
+    bug_class: str                      # the BUGS.md line it carries
+    patch: Callable[[], contextlib.AbstractContextManager]
+    caught_by: tuple[type[BaseException], ...] = (AssertionError,)
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        pattern_utils.clear_pattern_cache()
+        try:
+            with self.patch():
+                yield
+        finally:
+            pattern_utils.clear_pattern_cache()
+
+
+def _patches(*patches) -> Callable[[], contextlib.AbstractContextManager]:
+    def enter():
+        stack = contextlib.ExitStack()
+        for target, attribute, value in patches:
+            stack.enter_context(mock.patch.object(target, attribute, value))
+        return stack
+    return enter
+
+
+# ------------------------------------------------------------------ matching too broadly / not at all
+
+
+_PRESENT = rope_forms.present
+
+
+def _present_with_inverse(graph):
+    return _PRESENT(graph) + ([("inverse", False)] if pattern_utils.table_lookups(graph) else [])
+
+
+def _too_broad():
+    """The inverse rotation registered as a rope form, replaced by the (forward) fused op."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(mock.patch.dict(rope_forms.FORMS, {"inverse": inverse_rope}))
+    stack.enter_context(mock.patch.object(rope_forms, "present", _present_with_inverse))
+    return stack
+
+
+def _report_without_rewriting(self, graph):
+    if not self.enabled():
+        return 0
+    self._register_for(graph)
+    return sum(self.fusable(call_args(node)["kv_cache_dtype"])
+               for node in graph.find_nodes(op="call_function", target=self.update_op))
+
+
+# ------------------------------------------------------------------ rewrites gone wrong
+
+
+def _drop_q_write_back(self):
+    """The q_pe write-back into q is deleted, but the fused node stays functional (writes a copy)."""
+    for items in self.new_value.values():
+        for item in items:
+            _drop_scatters(self.graph, item)
+
+
+def _drop_scatters(graph, node):
+    for user in list(node.users):
+        if is_op(user, aten.copy.default):
+            _drop_scatters(graph, user)
+        elif is_op(user, aten.slice_scatter.default) and user.args[1] is node:
+            user.replace_all_uses_with(user.args[0])
+            graph.erase_node(user)
+
+
+def _graph_start(self):
+    """The in-place call goes before the first computation: before its inputs exist."""
+    return next(node for node in self.graph.nodes if node.op != "placeholder")
+
+
+_MHA_REPLACEMENT = rope_kvcache_fusion.RopeKVCacheFusionPattern.replacement
+
+
+def _swapped_outputs(self, *args):
+    q_new, dummy, k_new = _MHA_REPLACEMENT(self, *args)
+    return k_new, dummy, q_new
+
+
+def _first_layer_of_its_kind(replacement):
+    """The replacement names the first layer its pass saw (of the same kind) instead of its own."""
+    first: dict[type, str] = {}
+
+    def wrapped(self, *args):
+        own = self.layer_name
+        self.layer_name = first.setdefault(type(self), own)
+        try:
+            return replacement(self, *args)
+        finally:
+            self.layer_name = own
+    return wrapped
+
+
+def _scatter_deleted_under_its_readers(scattered):
+    """The scatter chain goes although other nodes read it: they are pointed at the buffer as it was
+    before the scatters (the pre-rotation values)."""
+    resplit = next((user for user in scattered.users if is_op(user, scatter_split_replace.SPLIT)), None)
+    base = scattered
+    while is_op(base, scatter_split_replace.SLICE_SCATTER):
+        base = base.args[0]
+    for user in list(scattered.users):
+        if user is not resplit:
+            user.replace_input_with(scattered, base)
+    return resplit
+
+
+def _no_foreign_readers(*args, **kwargs):
+    return []
+
+
+# ------------------------------------------------------------------ ops that misdeclare themselves
+
+
+_PRODUCT_MLA_FUSED = unified_ops.fused_rope_and_unified_mla_kv_cache_update._init_fn  # the function behind the op
+
+# The product's fused MLA op under other names: one whose fake disagrees with it, one whose schema
+# does not declare that it writes q_pe.
+_bad_fake_op = torch.library.custom_op("mla_fuse_bad_fake::fused_rope_and_unified_mla_kv_cache_update",
+                                       _PRODUCT_MLA_FUSED, mutates_args=("q_pe", "k_pe"))
+_omits_q_pe_op = torch.library.custom_op("mla_fuse_undeclared::fused_rope_and_unified_mla_kv_cache_update",
+                                         _PRODUCT_MLA_FUSED, mutates_args=("k_pe",))
+
+
+@_bad_fake_op.register_fake
+def _(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, layer_name, kv_cache_dtype, k_scale):
+    return q_pe.new_empty(q_pe.size(0), 1)  # the real op returns an empty tensor of kv_c's dtype
+
+
+@_omits_q_pe_op.register_fake
+def _(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, layer_name, kv_cache_dtype, k_scale):
+    return kv_c.new_empty(0)
+
+
+def _replacement_trusting_an_undeclared_write(self, positions, q_pe, k_pe, kv_c, cos_sin_cache, k_scale):
+    """The op rotates q_pe in place without declaring it; the replacement takes q_pe as the result."""
+    fused = torch.ops.higher_order.auto_functionalized(
+        _omits_q_pe_op._opoverload, positions=positions, q_pe=q_pe, k_pe=k_pe, kv_c=kv_c, cos_sin_cache=cos_sin_cache,
+        is_neox=self.is_neox, layer_name=self.layer_name, kv_cache_dtype=self.kv_cache_dtype, k_scale=k_scale)
+    return q_pe, fused[0], fused[1]
+
+
+def _inserting(op):
+    return _patches((mla_rope_kvcache_fusion, "FUSED_MLA_UPDATE", op),
+                    (defunctionalize, "FUSED_OPS", (op, unified_ops.FUSED_UPDATE)))
+
+
+# ------------------------------------------------------------------ the copy-free rule
+# The design before issue 10: the layer reads its cache(s) from the forward context while tracing and
+# hands them to the update (declared as written) and to the attention, so the caches are graph inputs.
+# When they alias (views of one pool), functionalization rebuilds the updated pool: a copy per step.
+
+
+@contextlib.contextmanager
+def _caches_in_context(layer_name: str, **caches):
+    context = get_forward_context()
+    entry = context.layer(layer_name)
+    context.layers[layer_name] = dataclasses.replace(entry, **caches)
+    try:
+        yield
+    finally:
+        context.layers[layer_name] = entry
+
+
+@torch.library.custom_op("mla_fuse_arguments::unified_mla_kv_cache_update", mutates_args=("kv_cache",))
+def _mla_update(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, layer_name: str,
+                kv_cache_dtype: str, k_scale: torch.Tensor) -> torch.Tensor:
+    with _caches_in_context(layer_name, kv_cache=kv_cache):
+        return unified_ops.unified_mla_kv_cache_update._init_fn(kv_c, k_pe, layer_name, kv_cache_dtype, k_scale)
+
+
+@_mla_update.register_fake
+def _(kv_c, k_pe, kv_cache, layer_name, kv_cache_dtype, k_scale):
+    return kv_c.new_empty(0)
+
+
+@torch.library.custom_op("mla_fuse_arguments::unified_mla_attention", mutates_args=())
+def _mla_attention(q: torch.Tensor, kv_cache: torch.Tensor, kv_b_weight: torch.Tensor, dummy: torch.Tensor,
+                   layer_name: str, v_head_dim: int) -> torch.Tensor:
+    with _caches_in_context(layer_name, kv_cache=kv_cache):
+        return paged_attention.unified_mla_attention._init_fn(q, kv_b_weight, dummy, layer_name, v_head_dim)
+
+
+@_mla_attention.register_fake
+def _(q, kv_cache, kv_b_weight, dummy, layer_name, v_head_dim):
+    return q.new_empty(q.size(0), q.size(1), v_head_dim)
+
+
+@torch.library.custom_op("mla_fuse_arguments::unified_kv_cache_update", mutates_args=("key_cache", "value_cache"))
+def _mha_update(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                layer_name: str, kv_cache_dtype: str) -> torch.Tensor:
+    with _caches_in_context(layer_name, key_cache=key_cache, value_cache=value_cache):
+        return unified_ops.unified_kv_cache_update._init_fn(key, value, layer_name, kv_cache_dtype)
+
+
+@_mha_update.register_fake
+def _(key, value, key_cache, value_cache, layer_name, kv_cache_dtype):
+    return key.new_empty(0)
+
+
+@torch.library.custom_op("mla_fuse_arguments::unified_attention", mutates_args=())
+def _mha_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, dummy: torch.Tensor,
+                   layer_name: str, v_head_size: int) -> torch.Tensor:
+    with _caches_in_context(layer_name, key_cache=key_cache, value_cache=value_cache):
+        return paged_attention.unified_attention._init_fn(query, dummy, layer_name, v_head_size)
+
+
+@_mha_attention.register_fake
+def _(query, key_cache, value_cache, dummy, layer_name, v_head_size):
+    return query.new_empty(query.size(0), query.size(1), v_head_size)
+
+
+def _mla_attend_with_cache_arguments(self, q, kv_c_normed, k_pe):
+    cache = get_forward_context().layer(self.layer_name)
+    dummy = _mla_update(kv_c_normed, k_pe, cache.kv_cache, self.layer_name, cache.kv_cache_dtype, cache.k_scale)
+    attn = _mla_attention(q, cache.kv_cache, self.kv_b_proj.weight, dummy, self.layer_name, self.v_head_dim)
+    return self.o_proj(attn.flatten(1))
+
+
+def _mha_attend_with_cache_arguments(self, q, k, v):
+    cache = get_forward_context().layer(self.layer_name)
+    dummy = _mha_update(heads(k, self.num_kv_heads, self.head_size), heads(v, self.num_kv_heads, self.head_size),
+                        cache.key_cache, cache.value_cache, self.layer_name, cache.kv_cache_dtype)
+    attn = _mha_attention(heads(q, self.num_heads, self.head_size), cache.key_cache, cache.value_cache, dummy,
+                          self.layer_name, self.head_size)
+    return self.o_proj(attn.flatten(1))
+
+
+def _test_backend_form(gm):
+    """The form the patterns had before: views as reshapes, none of Inductor's joint-graph rewrites."""
+    from torch._inductor.fx_passes.post_grad import view_to_reshape
+    view_to_reshape(gm)
+
+
+# ------------------------------------------------------------------ statistics
+
+
+def _counts_from_the_last_run(self, delta, storages):
+    """The pre-fix statistics: what the passes counted when they ran (nothing on a cache hit)."""
+    ran = self.pass_manager.last_graph is not None
+    counts = self.pass_manager.last_match_counts() if ran else dict.fromkeys(self.pass_manager.pass_names(), 0)
+    self.records.append(mc.GraphRecord(counts, delta.get(mc.FX_CACHE_HIT_COUNTER, 0) > 0,
+                                       self.pass_manager.last_graph, storages))
+
+
+def _enabled_from_o1(self, flag, update_op):
+    """The level check off by one: the fusions run at O1 (split points and flags still honoured)."""
+    if self.level == 0 or config._is_split_point(update_op, self.splitting_ops):
+        return False
+    return True if flag is None else flag
+
+
+# ------------------------------------------------------------------ the mutants
+
+_LAZY = pattern_utils.LazyPatternFusionPass
+_MLA_PATTERN = mla_rope_kvcache_fusion.MLARopeKVCacheFusionPattern
+_MHA_PATTERN = rope_kvcache_fusion.RopeKVCacheFusionPattern
+
+PASS_MUTANTS = {m.name: m for m in [
+    PassMutant("matches_an_unsupported_rope", "A pass matching too broadly (a different rope form) and silently "
+               "changing numbers", _too_broad),
+    PassMutant("reports_success_without_rewriting", "not matching at all while reporting success",
+               _patches((_LAZY, "run", _report_without_rewriting))),
+    PassMutant("drops_the_q_write_back", "The write-back of q_pe into q lost after fusion",
+               _patches((defunctionalize.DefunctionalizationPattern, "rewrite", _drop_q_write_back))),
+    PassMutant("ignores_pre_rotation_readers", "An op after the fused op reading the pre-mutation value",
+               _patches((aliasing, "foreign_readers", _no_foreign_readers),
+                        (pattern_utils, "foreign_readers", _no_foreign_readers))),
+    PassMutant("replacement_before_its_inputs", "Replacement inserted before its inputs exist",
+               _patches((defunctionalize.DefunctionalizationPattern, "insertion_point", _graph_start)),
+               caught_by=(AssertionError, RuntimeError)),
+    PassMutant("swaps_q_and_k_outputs", "multi-output rewiring wrong",
+               _patches((_MHA_PATTERN, "replacement", _swapped_outputs)), caught_by=(AssertionError, RuntimeError)),
+    PassMutant("deletes_a_scatter_with_other_readers", "an intermediate with other users deleted",
+               _patches((scatter_split_replace.ScatterSplitReplacementPattern, "sole_resplit",
+                         staticmethod(_scatter_deleted_under_its_readers)))),
+    PassMutant("writes_layer_0s_cache", "one layer's cache used for another",
+               _patches((_MLA_PATTERN, "replacement", _first_layer_of_its_kind(_MLA_PATTERN.replacement)),
+                        (_MHA_PATTERN, "replacement", _first_layer_of_its_kind(_MHA_PATTERN.replacement)))),
+    PassMutant("fake_disagrees_with_the_op", "Fake (meta) output metadata differing from the real op's",
+               _inserting(_bad_fake_op._opoverload)),
+    PassMutant("schema_omits_a_written_q_pe", "a fused op writing a tensor its schema does not declare",
+               _patches((_MLA_PATTERN, "replacement", _replacement_trusting_an_undeclared_write),
+                        (defunctionalize, "FUSED_OPS", (_omits_q_pe_op._opoverload, unified_ops.FUSED_UPDATE)))),
+    PassMutant("fuses_at_o1", "Fusion active where it must be off (O1)",
+               _patches((config.FusionConfig, "_fusion_enabled", _enabled_from_o1))),
+    PassMutant("fuses_a_split_point", "Fusion active where it must be off (split graph)",
+               _patches((config, "_is_split_point", lambda op_name, splitting_ops: False))),
+    PassMutant("fuses_any_cache_format", "Fusion active where it must be off (unsupported cache format)",
+               _patches((_LAZY, "fusable", lambda self, kv_cache_dtype: True))),
+    PassMutant("static_shapes_only", "Fusion that only fires with static shapes",
+               _patches((pattern_utils, "unify_symbolic_sizes", lambda graph: 0))),
+    PassMutant("patterns_in_the_test_backends_form", "only on the test backend and not on Inductor (patterns "
+               "traced without Inductor's canonical form)",
+               _patches((pattern_utils, "canonicalize", _test_backend_form))),
+    PassMutant("binds_q_on_ks_chain", "Two pattern inputs bound to the same node",
+               _patches((pattern_utils, "inputs_distinct", lambda match, names: True),
+                        (pattern_utils, "binding_is_sound", lambda match, ranks, widths: True)),
+               caught_by=(AssertionError, ValueError)),
+    # (On a hybrid stack over one interleaved pool this design does not even compile: Inductor's
+    # decompose_auto_functionalized fails its own assertion, on both backends.)
+    PassMutant("caches_enter_the_graph", "A cache copied by functionalization because caches alias",
+               _patches((MLAAttention, "update_and_attend", _mla_attend_with_cache_arguments),
+                        (MHAAttention, "update_and_attend", _mha_attend_with_cache_arguments)),
+               caught_by=(AssertionError, torch._dynamo.exc.BackendCompilerFailed)),
+    PassMutant("counts_lost_on_a_cache_hit", "Pass statistics that read 0 when the compiled graph came from a cache",
+               _patches((mc.MlaFuseBackend, "_record", _counts_from_the_last_run))),
+]}

@@ -1,0 +1,309 @@
+"""Fuzzing the torch.compile fusion passes on the compile path as serving engines run it
+(CONTRACT §6, docs/PASSES.md).
+
+Each example (``pass_cases.CompileCase``) draws a toy model (MLA, MHA or hybrid stacks of 1-3
+residual blocks, every rope form and style, layers in the situations a pass must recognise),
+caches laid out as engines lay them out (views of one pool, chunked or interleaved; K/V views
+of one tensor; HND), a cache format (fp8 in uint8 or float8 storage), a step, and how it is
+compiled: real Inductor for a share of the examples (``pass_cases.INDUCTOR_SHARE``, plus the
+explicit ones), the light backend (Inductor's graph passes, then eager) for the rest; a dynamic
+token count in most; the fusion on, or off each way it can be. ``check_compile_case`` then
+requires:
+
+* the fusion fired exactly where it should: the match counts, one fused node per fused layer
+  (in place, not ``auto_functionalized``, before that layer's attention), the unfused update
+  left for every other layer, the kernels that run (counted);
+* compiled == eager, bit for bit: the model output, every layer's rotated q and k, and every
+  byte of every cache pool (inside the views or not); again for a second token count with the
+  same graph when the count is dynamic;
+* no cache copy: no cache pool is an input of a compiled graph, and the bytes a step allocates
+  do not grow with the cache (the same step on caches four times larger);
+* the ops the passes leave in the graph declare what they write and have fakes that agree with
+  them (``torch.library.opcheck``, on the graph's own argument shapes);
+* on Inductor, a second compile served by the FX graph cache reports the same counts, says it
+  came from the cache, and computes the same bits.
+
+These properties test the passes (through ``mla_fuse.ops``), not an implementation under
+``--impl``. A failing example prints ``case = CompileCase(...)``; replay it with
+``python -c "from mla_fuse_conformance.properties.test_compile_passes import *; check_compile_case(CompileCase(...))"``.
+The pass mutation self-test (``tests/test_pass_mutants.py``) runs these properties, alone,
+against deliberately broken passes.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import torch
+from hypothesis import event, example, given, note, settings
+
+import mla_fuse.compile as mc
+from mla_fuse_conformance.settings import profiles
+from mla_fuse_conformance.cases.engine_caches import (  # noqa: F401  (names for replaying a printed case)
+    CacheLayout, EngineCaches, allocated_bytes, build_caches, pools_bitwise_equal,
+)
+from mla_fuse_conformance.contract.implementation import resolve_spec
+from mla_fuse_conformance.cases.pass_cases import (  # noqa: F401
+    CompileCase, FusionSettings, compile_cases, describe,
+)
+from mla_fuse_conformance.cases.pass_models import (  # noqa: F401
+    ATTENTION, CACHE_KERNEL, FUSED_KERNEL, PASS_NAME, MhaGeometry, MlaGeometry, ModelSpec, Step, build_model,
+    counting_kernel_calls, make_step, result_differences, run, same_weights,
+)
+
+GROWTH_LIMIT = 0.05  # a step may allocate at most 5% of the bytes a cache grows by (a copy is >= 100%)
+FP8_STORAGE = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+UPDATE_NAMES = {"mla": ("unified_mla_kv_cache_update", "fused_rope_and_unified_mla_kv_cache_update"),
+                "mha": ("unified_kv_cache_update", "fused_rope_and_unified_kv_cache_update")}
+
+
+# ------------------------------------------------------------------ building a case
+
+
+def case_caches(case: CompileCase, blocks: int | None = None) -> EngineCaches:
+    if case.kv_cache_dtype.startswith("fp8"):
+        storage = torch.uint8 if case.fp8_storage == "uint8" else FP8_STORAGE[case.kv_cache_dtype]
+    else:
+        storage = case.model.torch_dtype
+    return build_caches(case.model.cache_specs(), case.layout, blocks=blocks or case.blocks,
+                        block_size=case.block_size, dtype=storage, kv_cache_dtype=case.kv_cache_dtype)
+
+
+def case_step(case: CompileCase, tokens: int | None = None) -> Step:
+    tokens = tokens or case.tokens
+    padded = [t for t in case.padded if t < tokens]
+    return make_step(case.model, tokens, case.blocks * case.block_size, seed=case.seed + tokens, padded=padded,
+                     unmapped=case.unmapped)
+
+
+def compile_case(model, case: CompileCase):
+    torch._dynamo.reset()
+    return mc.compile(model, backend=case.backend, **case.settings.kwargs())
+
+
+class Run:
+    """The case's model compiled, and its eager reference (the custom-op rope: the unfused kernels)."""
+
+    def __init__(self, case: CompileCase) -> None:
+        self.case = case
+        self.reference = build_model(case.model, use_custom_op=True)
+        self.model = same_weights(self.reference, build_model(case.model))
+        self.compiled = compile_case(self.model, case)
+        self.pools: set[int] = set()  # storages of every cache pool the compiled model has been run on
+
+    def caches(self, blocks: int | None = None) -> EngineCaches:
+        caches = case_caches(self.case, blocks)
+        self.pools |= {pool.untyped_storage().data_ptr() for pool in caches.pools}
+        return caches
+
+    def step(self, tokens: int | None = None, compiled=None) -> tuple[list[str], dict]:
+        """One step compiled and eager on copies of the same caches: the differences, the kernel calls."""
+        caches, step = self.caches(), case_step(self.case, tokens)
+        expected_caches = caches.clone()
+        expected = run(self.reference, expected_caches.layers, step)
+        with counting_kernel_calls() as calls:
+            result = run(self.compiled if compiled is None else compiled, caches.layers, step, dynamic=self.case.dynamic)
+        return result_differences(result, expected) + pools_bitwise_equal(caches, expected_caches), dict(calls)
+
+
+# ------------------------------------------------------------------ the checks
+
+
+def _op_name(node: torch.fx.Node) -> str | None:
+    """``name`` of a call of one of our ops (``mla_fuse::name`` or a look-alike), in place or functional."""
+    target = node.target
+    if target is torch.ops.higher_order.auto_functionalized:
+        target = node.args[0]
+    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+        return None
+    return target._schema.name.partition("::")[2]
+
+
+def _layer(node: torch.fx.Node) -> str:
+    if node.target is torch.ops.higher_order.auto_functionalized:
+        return node.kwargs["layer_name"]
+    from mla_fuse.passes.fx_utils import call_args
+    return call_args(node)["layer_name"]
+
+
+def graph_problems(case: CompileCase, graph: torch.fx.Graph) -> list[str]:
+    """Per layer: one in-place fused node (before its attention) if fused, else its unfused update."""
+    problems, nodes = [], list(graph.nodes)
+    order = {node: i for i, node in enumerate(nodes)}
+    for name, kind, fused in zip(case.model.layer_names, case.model.kinds, case.expected_fused()):
+        unified, fused_name = UPDATE_NAMES[kind]
+        mine = [n for n in nodes if _op_name(n) in (unified, fused_name) and _layer(n) == name]
+        wanted = fused_name if fused else unified
+        if [_op_name(n) for n in mine] != [wanted]:
+            problems.append(f"{name}: expected one {wanted} node, the graph has {[_op_name(n) for n in mine]}")
+            continue
+        if fused and mine[0].target is torch.ops.higher_order.auto_functionalized:
+            problems.append(f"{name}: the fused node was left functional (auto_functionalized)")
+        attention = [n for n in nodes if n.target is ATTENTION[kind] and _layer(n) == name]
+        if any(order[a] < order[mine[0]] for a in attention):
+            problems.append(f"{name}: attention runs before the cache write")
+    return problems
+
+
+def count_problems(case: CompileCase, counts: dict[str, int]) -> list[str]:
+    fused = case.expected_fused()
+    problems = []
+    for kind in ("mla", "mha"):
+        expected = sum(f for f, k in zip(fused, case.model.kinds) if k == kind)
+        if counts.get(PASS_NAME[kind], 0) != expected:
+            problems.append(f"match counts {counts}: expected {expected} {PASS_NAME[kind]}")
+    if counts.get("defunctionalization", 0) != sum(fused):
+        problems.append(f"match counts {counts}: expected {sum(fused)} defunctionalization")
+    return problems
+
+
+def expected_kernel_calls(case: CompileCase) -> dict[str, int]:
+    calls: dict[str, int] = {}
+    for i, (kind, fused) in enumerate(zip(case.model.kinds, case.expected_fused())):
+        mapped = i not in case.unmapped
+        name = (FUSED_KERNEL[kind] if mapped else "rotary_embedding") if fused else (CACHE_KERNEL[kind] if mapped else None)
+        if name:
+            calls[name] = calls.get(name, 0) + 1
+    return calls
+
+
+def copy_problems(run_: Run) -> list[str]:
+    """No pool is a graph input; the bytes a step allocates do not grow with the cache."""
+    case = run_.case
+    small, large = run_.caches(), run_.caches(blocks=4 * case.blocks)
+    step = case_step(case)
+    used = [allocated_bytes(lambda caches=caches: run(run_.compiled, caches.layers, step, dynamic=case.dynamic))
+            for caches in (small, large)]
+    problems = [f"a cache pool is an input of compiled graph {i}: the graph may copy it"
+                for i, record in enumerate(mc.graph_records(run_.compiled)) if record.input_storages & run_.pools]
+    grown = large.cache_bytes - small.cache_bytes
+    if used[1] - used[0] > GROWTH_LIMIT * grown:
+        problems.append(f"a step allocated {used[0]} bytes with the cache, {used[1]} with the cache grown by "
+                        f"{grown} bytes: the compiled step copies cache memory")
+    return problems
+
+
+def op_problems(case: CompileCase, graph: torch.fx.Graph) -> list[str]:
+    """``torch.library.opcheck`` (schema: every written tensor declared; fake == real metadata) on each
+    cache-update op the graph calls, with tensors of the graph's own argument shapes."""
+    from mla_fuse_conformance.judging.pass_opcheck import check_update_ops
+    return check_update_ops(graph, case_caches(case), case_step(case))
+
+
+def cache_hit_problems(run_: Run, counts: dict[str, int]) -> list[str]:
+    """Inductor: a second compile (fresh dynamo) served by the FX graph cache."""
+    again = compile_case(same_weights(run_.reference, build_model(run_.case.model)), run_.case)
+    differences, _ = run_.step(compiled=again)
+    problems = [f"after an FX graph cache hit: {d}" for d in differences]
+    if mc.cache_hits(again) != len(mc.graph_records(again)):
+        problems.append(f"the second compile was not served by the FX graph cache: {mc.graph_records(again)}")
+    if mc.match_counts(again) != counts:
+        problems.append(f"match counts after an FX graph cache hit {mc.match_counts(again)} != {counts}")
+    return problems
+
+
+def check_compile_case(case: CompileCase) -> None:
+    """Inductor compiles with ``emulate_precision_casts``: a generated kernel then rounds a bf16/fp16
+    intermediate where eager does (without it, an unfused native rope feeding another op in one
+    kernel keeps the rotated value in fp32: not eager's bits, and not the passes' doing); and with
+    a cache key of its own, so its first compile misses Inductor's FX graph cache and the second hits."""
+    with torch.compiler.config.patch(cache_key_tag=f"mla_fuse-property-{uuid.uuid4().hex}"), \
+            torch._inductor.config.patch(emulate_precision_casts=case.backend == "inductor"):
+        _check(case)
+
+
+def _check(case: CompileCase) -> None:
+    run_ = Run(case)
+    differences, calls = run_.step()
+    records = mc.graph_records(run_.compiled)
+    counts = mc.match_counts(run_.compiled)
+    problems = count_problems(case, counts) + [f"compiled != eager: {d}" for d in differences]
+    if calls != expected_kernel_calls(case):
+        problems.append(f"kernel calls {calls}, expected {expected_kernel_calls(case)}")
+    graph = records[-1].graph if records else None
+    problems += graph_problems(case, graph) if graph is not None else ["no post-pass graph recorded"]
+    if case.second_tokens:
+        problems += [f"{case.second_tokens} tokens: compiled != eager: {d}"
+                     for d in run_.step(case.second_tokens)[0]]
+        if len(mc.graph_records(run_.compiled)) != len(records):
+            problems.append(f"recompiled for {case.second_tokens} tokens with a dynamic token count")
+    problems += copy_problems(run_)
+    if graph is not None:
+        problems += op_problems(case, graph)
+    if case.backend == "inductor":
+        problems += cache_hit_problems(run_, counts)
+    assert not problems, "\n".join(problems)
+
+
+# ------------------------------------------------------------------ the property
+
+# Found bugs and the situations each bug class of shared/BUGS.md needs, run first on every profile
+# (light ones first: the mutation self-test stops at the first failure).
+EXPLICIT = [
+    # issue 10 items 1-3: hybrid, native rope, dynamic tokens, one rope module, an interleaved pool, fp8
+    CompileCase(ModelSpec(("mla", "mha", "mla"), ("plain",) * 3, rope="native", shared_rope=True,
+                          mha=MhaGeometry(heads=2, kv_heads=2, head_size=8, rotary_dim=8)),
+                CacheLayout("interleaved", "flashinfer"), "fp8", tokens=5, second_tokens=3, padded=(4,),
+                unmapped=(2,)),
+    # readers the fusion must respect: a second reader of the packed qkv, a pre-rotation k_pe
+    CompileCase(ModelSpec(("mha", "mla"), ("second_reader", "pre_rotation_reader"), is_neox=True),
+                CacheLayout("chunked", "flash"), settings=FusionSettings(level=3)),
+    CompileCase(ModelSpec(("mha", "mla"), ("second_reader", "pre_rotation_reader"), rope="native")),
+    # what must stay unfused: a rope no pattern covers; a split point; a format not fusable; O1
+    CompileCase(ModelSpec(("mla", "mha"), ("unsupported_rope", "plain"), rope="deepseek_native"),
+                settings=FusionSettings(splitting_ops=("mla_fuse::unified_kv_cache_update",))),
+    CompileCase(ModelSpec(("mla",), ("plain",)), kv_cache_dtype="fp8_e5m2", fp8_storage="float8",
+                settings=FusionSettings(fusable_kv_cache_dtypes=("auto", "fp8"))),
+    CompileCase(ModelSpec(("mha", "mla"), ("plain", "plain"), rope="native"), settings=FusionSettings(level=1)),
+    # the real path: Inductor, dynamic tokens, K/V views of one tensor in an HND pool, one FX cache hit
+    CompileCase(ModelSpec(("mla", "mha"), ("plain", "plain"), rope="deepseek_native", is_neox=True),
+                CacheLayout("chunked", "flash", hnd=True), "fp8", fp8_storage="float8", tokens=4, second_tokens=6,
+                padded=(1,), backend="inductor"),
+    # ... and with static shapes, the native MLA rope and a pre-rotation reader beside a fused MHA layer
+    CompileCase(ModelSpec(("mla", "mha", "mla"), ("plain", "plain", "pre_rotation_reader"), rope="native",
+                          mha=MhaGeometry(heads=3, kv_heads=1, head_size=12, rotary_dim=8)),
+                CacheLayout("separate", "flashinfer"), tokens=3, dynamic=False, backend="inductor",
+                settings=FusionSettings(level=3)),
+]
+
+CI_EXAMPLES = 16
+
+
+@pytest.fixture(scope="module", autouse=True)
+def passes_run_on_our_kernels(request):
+    """The passes insert mla_fuse's own ops, so these properties check the ``triton`` implementation only."""
+    spec = resolve_spec(request.config.getoption("--impl"))
+    if spec != "triton":
+        pytest.skip(f"compile passes call mla_fuse.ops (the triton implementation); --impl={spec} does not apply")
+
+
+def announce(case: CompileCase) -> None:
+    note(f"case = {case!r}")
+    for text in describe(case):
+        event(text)
+
+
+def with_explicit_examples(test):
+    for case in reversed(EXPLICIT):  # hypothesis runs the outermost @example first: EXPLICIT in order
+        test = example(case=case)(test)
+    return test
+
+
+def budget(test):
+    """The ci profile's example count for this property (the profile is loaded before collection)."""
+    if profiles.current() != "ci":
+        return test
+    return settings(max_examples=CI_EXAMPLES)(test)
+
+
+@budget
+@given(case=compile_cases())
+@with_explicit_examples
+def test_passes_fuse_exactly_where_allowed_bitwise_and_copy_free(case):
+    announce(case)
+    check_compile_case(case)
+
+
+PROPERTIES = {"test_passes_fuse_exactly_where_allowed_bitwise_and_copy_free": (compile_cases(), check_compile_case,
+                                                                               EXPLICIT)}

@@ -1,0 +1,185 @@
+"""Run property examples in a child process, so a kernel that crashes cannot take the caller down.
+
+``Executor`` keeps one child process that loads the implementation once and runs the examples
+sent to it: the caller (hypothesis in the conformance map, ``mla-fuse repro``) never runs a
+kernel itself. A crash (segfault, abort, illegal instruction, a device error that kills the
+process) becomes a ``Crashed`` failure naming the signal, and so does a hang (no result within
+``recording.example_timeout()`` seconds: the child is killed). After any example that failed or
+raised, the next one gets a new child: a kernel that wrote out of bounds may have corrupted its
+process (heap, OpenMP state), and a later example must not crash or hang for it. A crashing case
+is shrunk like any other failure.
+
+Children come from a ``multiprocessing`` fork server that has imported torch and the suite once,
+so a new child after a crash costs milliseconds, not an interpreter start (and a child never
+inherits a used OpenMP pool or a CUDA context: the server runs no kernel). Outcomes come back on
+the child's own pipe: ``passed``, ``failed`` (an AssertionError: a wrong result), ``raised`` (any
+other exception from the kernel), ``rejected`` (outside the declared limits, or a corruption that
+does not apply) or ``not provided``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+
+from hypothesis import reject
+
+from mla_fuse_conformance.cases import types as case_types
+from mla_fuse_conformance.running import recording
+
+
+class Crashed(Exception):
+    """The process running the example died (``signal``: its name, e.g. SIGSEGV, or the exit code)."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__(f"the kernel crashed the process running the example ({how})")
+        self.how = how
+
+
+class Hung(Crashed):
+    """The example gave no result within the time limit; the process running it was killed."""
+
+    def __init__(self, seconds: float) -> None:
+        Exception.__init__(self, f"no result in {seconds:g} s (${recording.TIMEOUT_ENV}): the process running the "
+                                 "example was killed")
+        self.how = f"hung: no result in {seconds:g} s"
+
+
+class RaisedInChild(Exception):
+    """The implementation raised ``original_type`` (not an assertion of the suite)."""
+
+    def __init__(self, original_type: str, message: str) -> None:
+        super().__init__(message)
+        self.original_type = original_type
+
+
+class ChildNotProvided(Exception):
+    """The implementation does not provide an operation the property needs (a skip)."""
+
+
+def crash_description(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return signal.Signals(-returncode).name
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"exit status {returncode}"
+
+
+PRELOAD = ["torch", "mla_fuse_conformance.running.harness", "mla_fuse_conformance.properties.test_mla",
+           "mla_fuse_conformance.properties.test_flash", "mla_fuse_conformance.properties.test_rotary_embedding"]
+
+
+def _context():
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
+    return context
+
+
+class Executor:
+    """A child process running examples of ``impl_spec`` on ``device`` (see the module docstring)."""
+
+    def __init__(self, impl_spec: str, device: str, require: tuple[str, ...] = ()) -> None:
+        self.impl_spec, self.device, self.require = impl_spec, device, require
+        self.process = self.connection = None
+        self.crashes = 0
+
+    def __enter__(self) -> "Executor":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _start(self) -> None:
+        context = _context()
+        self.connection, child_end = context.Pipe()
+        self.process = context.Process(target=_serve, args=(child_end, self.impl_spec, self.device, self.require,
+                                                            os.getcwd()), daemon=True)
+        self.process.start()
+        child_end.close()
+
+    def _discard(self) -> int | None:
+        """Forget a child that died or was killed; its exit code."""
+        self.process.join()
+        returncode = self.process.exitcode
+        self.connection.close()
+        self.process = self.connection = None
+        return returncode
+
+    def close(self) -> None:
+        if self.process is not None and self.process.is_alive():
+            self.connection.send(None)
+            self.process.join(timeout=10)
+            if self.process.is_alive():  # stuck on its way out (a corrupted process)
+                self.process.kill()
+                self.process.join()
+        if self.connection is not None:
+            self.connection.close()
+        self.process = self.connection = None
+
+    def run(self, prop_name: str, case, within_limits: bool = True) -> None:
+        """Run one example; raise what it raised (see the module docstring), inside hypothesis too.
+        ``within_limits=False``: a case outside the declared limits, on purpose (limit checks)."""
+        if self.process is None or not self.process.is_alive():
+            self._start()
+        timeout = recording.example_timeout() or None
+        try:
+            self.connection.send({"property": prop_name, "case": case_types.to_jsonable(case),
+                                  "within_limits": within_limits})
+            if not self.connection.poll(timeout):
+                self.process.kill()
+                self._discard()
+                self.crashes += 1
+                raise Hung(timeout)
+            result = self.connection.recv()
+        except (EOFError, OSError, BrokenPipeError):
+            returncode = self._discard()
+            self.crashes += 1
+            raise Crashed(crash_description(returncode)) from None
+        status = result["status"]
+        if status == "passed":
+            return
+        if status in ("failed", "raised"):
+            # it may have come with stray writes (a kernel writing out of bounds corrupts its own
+            # process's heap): the next example gets a clean child, so what it does is its own
+            self.close()
+        if status == "failed":
+            raise AssertionError(result["message"])
+        if status == "raised":
+            raise RaisedInChild(result["type"], result["message"])
+        if status == "rejected":
+            reject()
+        raise ChildNotProvided(result["message"])
+
+
+# ---------------------------------------------------------------- the child
+
+
+def _serve(connection, impl_spec: str, device_name: str, require: tuple[str, ...], cwd: str) -> None:
+    import torch
+    from hypothesis.errors import UnsatisfiedAssumption
+
+    from mla_fuse_conformance.running.harness import NotProvided, property_named
+    from mla_fuse_conformance.contract.implementation import load_implementation
+
+    os.chdir(cwd)
+    impl = load_implementation(impl_spec, require)
+    device = torch.device(device_name)
+    while (request := connection.recv()) is not None:
+        prop = property_named(request["property"])
+        case = case_types.from_jsonable(request["case"])
+        try:
+            prop.run(impl, device, case, request["within_limits"])
+            reply = {"status": "passed"}
+        except AssertionError as error:
+            reply = {"status": "failed", "message": str(error)}
+        except UnsatisfiedAssumption:
+            reply = {"status": "rejected"}
+        except NotProvided as reason:
+            reply = {"status": "not provided", "message": str(reason)}
+        except Exception as error:  # noqa: BLE001 - what the kernel raised is the finding
+            reply = {"status": "raised", "type": type(error).__name__, "message": str(error).strip()[-4000:]}
+        connection.send(reply)
+        if device.type == "cuda" and reply["status"] == "raised" and "cuda" in (reply["type"] + reply["message"]).lower():
+            break  # a CUDA error can leave the context unusable: the next example gets a new child

@@ -1,0 +1,283 @@
+"""What the properties leave behind: failure files for replay, in-flight examples, and metrics.
+
+Failures. The last failing example of a property (hypothesis replays the shrunk one last) is
+kept here; the suite's pytest plugin writes it to ``$MLA_FUSE_FAILURE_DIR`` (default
+``.mla_fuse_failures/`` under the current directory) as a small JSON file: property,
+implementation, device, the case with its seed, its feature values and how it failed (a wrong
+result, what the kernel raised, or a crash). ``mla-fuse repro FILE`` replays it without hypothesis.
+
+In-flight examples. Before an example runs it is written to ``inflight_path()``; a process that
+dies (segfault, device error) leaves it there, and the plugin turns it into a failure file. When
+the example ends, the file moves to ``finished_path()``: a process that dies between examples
+(a kernel's stray write found later by the allocator) is blamed on the example that ran last.
+A hang is a death too: while an example runs, ``faulthandler`` is armed to dump every thread's
+stack next to the in-flight file and end the process after ``example_timeout()`` seconds
+(``$MLA_FUSE_EXAMPLE_TIMEOUT``, default 120, 0: never), so a kernel that deadlocks (a corrupted
+OpenMP barrier, a spinning device kernel) becomes a "hung" failure of its case, not a stuck run.
+
+Metrics. Each property's ``PropertyStats`` (examples, worst rope error as a fraction of the
+CONTRACT §5 bound and in ulps, worst fp8 code distance, padded and saturated cases) travel on the
+pytest report (``user_properties``) to the plugin, which writes them to ``outcomes.jsonl`` under
+``$MLA_FUSE_REPORT_DIR`` for ``mla-fuse verify``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import faulthandler
+import hashlib
+import json
+import os
+import pathlib
+import re
+import shlex
+
+from mla_fuse_conformance.cases import types as case_types
+
+FAILURE_DIR_ENV = "MLA_FUSE_FAILURE_DIR"
+REPORT_DIR_ENV = "MLA_FUSE_REPORT_DIR"
+SESSION_ENV_VAR = "MLA_FUSE_SESSION_ID"
+TIMEOUT_ENV = "MLA_FUSE_EXAMPLE_TIMEOUT"
+DEFAULT_EXAMPLE_TIMEOUT = 120.0  # seconds; the slowest ci/gpu example under the interpreter takes ~20 s loaded
+
+
+def example_timeout() -> float:
+    """Seconds one example may run before it counts as hung (``$MLA_FUSE_EXAMPLE_TIMEOUT``; 0: never)."""
+    text = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not text:
+        return DEFAULT_EXAMPLE_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{TIMEOUT_ENV} must be a number of seconds (0: no limit), got {text!r}") from None
+    if value < 0:
+        raise ValueError(f"{TIMEOUT_ENV} must be >= 0 seconds (0: no limit), got {text!r}")
+    return value
+
+
+def finished_path(inflight: pathlib.Path) -> pathlib.Path:
+    """Where the in-flight file goes once its example has finished: a process that dies between
+    examples (a heap that a kernel corrupted found at a later ``free``) leaves the likely culprit."""
+    return inflight.with_suffix(".finished")  # not *.json: not a failure file
+
+
+def stacks_path(inflight: pathlib.Path) -> pathlib.Path:
+    """Where a hung example's thread stacks go (beside its in-flight file)."""
+    return inflight.with_suffix(".stacks.txt")
+
+
+def failure_dir() -> pathlib.Path:
+    return pathlib.Path(os.environ.get(FAILURE_DIR_ENV) or ".mla_fuse_failures").absolute()
+
+
+def worker_name() -> str:
+    return os.environ.get("PYTEST_XDIST_WORKER", "main")
+
+
+INFLIGHT_ENV = "MLA_FUSE_INFLIGHT_FILE"
+
+
+def inflight_path(worker: str | None = None) -> pathlib.Path:
+    """Where the example about to run is written (``$MLA_FUSE_INFLIGHT_FILE``, else per worker in
+    the failure directory): what is left there after a crash is the crashing case."""
+    if worker is None and os.environ.get(INFLIGHT_ENV):
+        return pathlib.Path(os.environ[INFLIGHT_ENV])
+    return failure_dir() / f"inflight-{worker or worker_name()}.json"
+
+
+def failure_kind(error: BaseException) -> str:
+    """How an example failed: a wrong result (a CONTRACT §5 comparison), what the kernel raised, or
+    a crash (``executor.Crashed``)."""
+    if type(error).__name__ == "RequiredOperationMissing":
+        return "required operation missing"
+    if isinstance(error, AssertionError):
+        return "wrong result"
+    if hasattr(error, "how"):
+        return error.how if error.how.startswith("hung") else f"crashed ({error.how})"
+    return f"raised {getattr(error, 'original_type', type(error).__name__)}"
+
+
+def failure_record(prop, impl, device, case, error: BaseException) -> dict:
+    """What a failure file holds (before ``save_failure`` adds the replay commands)."""
+    return dict(Recorder.record(prop, impl, device, case), kind=failure_kind(error),
+                error_type=getattr(error, "original_type", type(error).__name__), error=str(error)[:4000])
+
+
+@dataclasses.dataclass
+class PropertyStats:
+    property: str
+    operations: tuple[str, ...]
+    impl: str
+    variant: str | None = None  # the corruption of a bad-input property
+    examples: int = 0
+    failed_examples: int = 0
+    worst_rope_ulps: float = 0.0
+    worst_rope_bound_fraction: float = 0.0  # |impl - exact| / CONTRACT §5 bound; above 1 fails
+    worst_fp8_code_diff: int = 0
+    padded_slot_cases: int = 0
+    saturation_cases: int = 0
+
+    def as_record(self, outcome: str) -> dict:
+        record = dataclasses.asdict(self)
+        record["operations"] = list(self.operations)
+        record["worst_rope_ulps"] = round(self.worst_rope_ulps, 4)
+        record["worst_rope_bound_fraction"] = round(self.worst_rope_bound_fraction, 4)
+        record["outcome"] = outcome
+        return record
+
+
+class Recorder:
+    """Per-process state of the property being run (pytest runs one test at a time per process)."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    track_inflight = False  # write each example before it runs (the suite's plugin turns it on)
+
+    def reset(self) -> None:
+        self.stats: PropertyStats | None = None
+        self.last_failure: dict | None = None
+        self.nodeid: str | None = None
+
+    def stats_for(self, prop, impl, variant: str | None = None) -> PropertyStats:
+        if self.stats is None or (self.stats.property, self.stats.variant) != (prop.name, variant):
+            self.stats = PropertyStats(prop.name, prop.operations, impl.spec, variant)
+        return self.stats
+
+    def observe(self, outcome) -> None:
+        """Fold one comparison's measurements (comparisons.Outcome) into the property's metrics."""
+        if self.stats is not None:
+            self.stats.worst_rope_ulps = max(self.stats.worst_rope_ulps, outcome.worst_rope_ulps)
+            self.stats.worst_rope_bound_fraction = max(self.stats.worst_rope_bound_fraction,
+                                                       outcome.worst_rope_bound_fraction)
+            self.stats.worst_fp8_code_diff = max(self.stats.worst_fp8_code_diff, outcome.worst_fp8_code_diff)
+
+    _stacks = None  # the open file faulthandler writes a hung example's stacks to
+
+    def starting(self, prop, impl, device, case) -> None:
+        """Save the example before it runs, so a crash (segfault, device error) leaves it behind,
+        and arm the hang watchdog (see the module docstring)."""
+        if self.track_inflight:
+            path = inflight_path()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            record = self.record(prop, impl, device, case)
+            timeout = example_timeout()
+            record.update(nodeid=self.nodeid, pid=os.getpid(), timeout=timeout)
+            path.write_text(json.dumps(record, sort_keys=True))
+            if timeout:
+                if self._stacks is None or self._stacks.closed:
+                    self._stacks = open(stacks_path(path), "w")  # noqa: SIM115 - faulthandler needs it open
+                faulthandler.dump_traceback_later(timeout, exit=True, file=self._stacks)
+
+    def finished(self) -> None:
+        if self.track_inflight:
+            faulthandler.cancel_dump_traceback_later()
+            path = inflight_path()
+            if path.exists():
+                os.replace(path, finished_path(path))
+
+    def close(self) -> None:
+        """The end of this process's session: nothing of its examples is left in the failure directory."""
+        if self.track_inflight:
+            faulthandler.cancel_dump_traceback_later()
+            path = inflight_path()
+            if self._stacks is not None:
+                self._stacks.close()
+            for leftover in (path, finished_path(path), stacks_path(path)):
+                leftover.unlink(missing_ok=True)
+
+    def failed(self, prop, impl, device, case, error: BaseException) -> None:
+        self.last_failure = failure_record(prop, impl, device, case, error)
+
+    @staticmethod
+    def record(prop, impl, device, case) -> dict:
+        from mla_fuse_conformance.cases.features import features
+
+        base = getattr(case, "base", case)
+        return {"property": prop.name, "operations": list(prop.operations), "impl": impl.spec, "device": str(device),
+                "case": case_types.to_jsonable(case), "features": features(base, prop.rotates)}
+
+
+RECORDER = Recorder()
+
+
+def replay_command(path: pathlib.Path) -> str:
+    """``mla-fuse repro FILE`` as it runs from the current directory: the file relative to it, and
+    the ``PYTHONPATH`` this run had (absolute), which an outside adapter may need to import."""
+    try:
+        shown = path.resolve().relative_to(pathlib.Path.cwd())
+    except ValueError:
+        shown = path
+    prefix = ""
+    if os.environ.get("PYTHONPATH"):
+        entries = [str(pathlib.Path(entry).absolute()) for entry in os.environ["PYTHONPATH"].split(os.pathsep) if entry]
+        prefix = f"PYTHONPATH={shlex.quote(os.pathsep.join(entries))} "
+    return f"{prefix}mla-fuse repro {shlex.quote(str(shown))}"
+
+
+def save_failure(failure: dict, nodeid: str, profile: str) -> pathlib.Path:
+    """Write ``failure`` (from ``Recorder.failed``) as a replayable file; return its path."""
+    import hypothesis
+
+    text = json.dumps(failure["case"], sort_keys=True)
+    digest = hashlib.sha1((failure["property"] + failure["impl"] + text).encode()).hexdigest()[:10]
+    short = failure["property"].rpartition(":")[2]
+    name = f"{short}-{re.sub(r'[^A-Za-z0-9_.-]+', '_', failure['impl'])}-{digest}.json"
+    directory = failure_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    record = dict(failure, nodeid=nodeid, profile=profile, hypothesis_version=hypothesis.__version__)
+    record["replay"] = replay_command(path)
+    record["pytest"] = pytest_command(failure, nodeid, profile)
+    path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def pytest_command(failure: dict, nodeid: str, profile: str) -> str:
+    """The property's pytest item, addressed through the installed suite so it runs from anywhere."""
+    module, _, function = failure["property"].partition(":")
+    item = function + (nodeid.partition("::" + function)[2] if "::" + function in nodeid else "")
+    return (f"pytest --pyargs {shlex.quote(f'mla_fuse_conformance.{module}::{item}')} "
+            f"--impl={shlex.quote(failure['impl'])} --hypothesis-profile={profile}")
+
+
+def describe_failure(failure: dict, path: pathlib.Path, nodeid: str, profile: str) -> str:
+    """The text shown under a failing property: what failed, seed, shrunk case, and how to replay it."""
+    from mla_fuse_conformance.cases.features import describe
+
+    case = case_types.from_jsonable(failure["case"])
+    seed = case.base.seed if isinstance(case, case_types.BadInputCase) else case.seed
+    return "\n".join([
+        f"implementation: {failure['impl']}   device: {failure['device']}   case seed: {seed}",
+        f"failure:        {failure.get('kind', 'failed')} on {describe(failure.get('features', {}))}",
+        f"shrunk case:    {case!r}",
+        f"saved to:       {path}",
+        f"replay exactly: {replay_command(path)}",
+        f"or with pytest: {pytest_command(failure, nodeid, profile)}   (derandomized profiles regenerate it; "
+        f"others replay it from the example database)",
+        f"keep it:        add {case!r} to the property's examples=[...] (names from mla_fuse_conformance.cases.types)",
+    ])
+
+
+# ---------------------------------------------------------------- the mutation self-test's report
+
+
+def report_dir_or_default() -> pathlib.Path:
+    return pathlib.Path(os.environ.get(REPORT_DIR_ENV) or ".mla_fuse_reports").absolute()
+
+
+def append_mutant_result(row: dict) -> None:
+    """One line per mutant in ``mutants.jsonl`` (tests/test_mutants.py)."""
+    directory = report_dir_or_default()
+    directory.mkdir(parents=True, exist_ok=True)
+    row = dict(row, session=os.environ.get(SESSION_ENV_VAR), worker=worker_name())
+    with open(directory / "mutants.jsonl", "a") as stream:
+        stream.write(json.dumps(row, sort_keys=True) + "\n")
+
+
+def mutant_table(rows: list[dict]) -> list[str]:
+    lines = [f"{'mutant':38} {'result':9} {'seconds':>8} {'examples':>8}  caught by"]
+    for row in sorted(rows, key=lambda r: r["mutant"]):
+        lines.append(f"{row['mutant']:38} {row['result']:9} {row['seconds']:8.2f} {row['examples']:8d}  "
+                     f"{row.get('property') or '-'}")
+    return lines

@@ -1,0 +1,88 @@
+"""Replay a saved failure exactly, without a hypothesis search.
+
+    mla-fuse repro .mla_fuse_failures/FILE.json [--impl SPEC] [--device DEVICE]
+
+The file (written when a property fails, a worker crashes, or the conformance map finds a
+failing cell) names the property, the implementation, the device and the case; the case's seed
+rebuilds every tensor bit for bit. ``--impl`` replays the same case against another
+implementation (say, ``reference``, to see the case is valid).
+
+The example runs in a child process (``executor.Executor``), so a case that crashes the kernel is
+reported as reproduced instead of taking this command down. Exit status: 0 the case passed,
+1 the failure reproduced (a wrong result, an exception from the kernel, or a crash), 2 the case
+could not be run (unreadable file, implementation not importable, operation not provided, case
+outside the implementation's declared limits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+from hypothesis.errors import UnsatisfiedAssumption
+
+from mla_fuse_conformance.cases import types as case_types
+from mla_fuse_conformance.running.executor import ChildNotProvided, Crashed, Executor, RaisedInChild
+from mla_fuse_conformance.running.harness import property_named
+from mla_fuse_conformance.contract.implementation import ImplementationError, load_implementation
+
+PASSED, REPRODUCED, COULD_NOT_RUN = 0, 1, 2
+
+
+def load(path: str) -> dict:
+    return json.loads(pathlib.Path(path).read_text())
+
+
+def _device(record: dict, device: str | None) -> str:
+    if device is not None:
+        return device
+    import torch
+
+    recorded = record.get("device", "cpu")
+    return "cpu" if recorded.startswith("cuda") and not torch.cuda.is_available() else recorded
+
+
+def replay(record: dict, impl_spec: str | None = None, device: str | None = None) -> int:
+    """Replay one failure record; the exit status of the module docstring."""
+    try:
+        prop = property_named(record["property"])
+        impl = load_implementation(impl_spec or record["impl"])
+        case = case_types.from_jsonable(record["case"])
+    except (ImplementationError, KeyError, TypeError, ValueError) as error:
+        print(f"could not run: {error}", file=sys.stderr)
+        return COULD_NOT_RUN
+    device = _device(record, device)
+    print(f"property: {prop.name}\nimplementation: {impl.spec}\ndevice: {device}\n"
+          f"recorded: {record.get('kind', 'failed')}\ncase: {case!r}", flush=True)
+    with Executor(impl.spec, device, impl.required) as executor:
+        try:
+            executor.run(prop.name, case)
+        except (AssertionError, RaisedInChild, Crashed) as error:
+            print(f"{error}\nREPRODUCED", flush=True)
+            return REPRODUCED
+        except (ChildNotProvided, UnsatisfiedAssumption) as reason:
+            print(f"could not run: {reason or 'the case is outside the implementation declared limits'}",
+                  file=sys.stderr)
+            return COULD_NOT_RUN
+    print("PASSED")
+    return PASSED
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="mla-fuse repro", description=__doc__.splitlines()[0])
+    parser.add_argument("file", help="a failure file from .mla_fuse_failures/")
+    parser.add_argument("--impl", help="replay against this implementation instead of the recorded one")
+    parser.add_argument("--device", help="replay on this device instead of the recorded one")
+    options = parser.parse_args(argv)
+    try:
+        record = load(options.file)
+    except (OSError, ValueError) as error:
+        print(f"could not run: cannot read {options.file}: {error}", file=sys.stderr)
+        return COULD_NOT_RUN
+    return replay(record, options.impl, options.device)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
