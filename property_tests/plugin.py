@@ -1,22 +1,33 @@
 """The pytest plugin of the conformance suite (entry point ``pytest11: mla_fuse``).
 
-Installed with the package, so ``pytest --pyargs mla_fuse_conformance --impl=SPEC`` works from
-any directory: the options are known before any test module is imported. It is
-loaded into every pytest session of an environment where mla_fuse is installed, so it only
+Installed with the package, so ``pytest --pyargs mla_fuse_conformance --mla-fuse-impl=SPEC``
+works from any directory: the options are known before any test module is imported.
 
-* adds ``--impl`` and ``--require``, and loads the implementation when one is named (an
-  implementation that cannot be loaded stops the session with one line);
-* registers the ``mla_fuse.*`` hypothesis profiles (prefixed: a project's own profiles are untouched);
+pytest loads it into every session of an environment where mla_fuse is installed, so it is a
+guest, as hypothesis' own plugin is:
+
+* at import it loads the standard library and pytest only (no torch, hypothesis or Triton);
+* its options are all ``--mla-fuse-*`` (``--mla-fuse-impl``, ``--mla-fuse-require``), so a
+  project's own ``--impl`` keeps working;
+* it writes nothing to ``os.environ``, registers and loads no hypothesis profile and writes no
+  file until the suite is in use: one of its test files is collected, one of its options (or
+  ``$MLA_FUSE_IMPL``) is given, or a ``mla_fuse.*`` profile is named.
+
+When the suite is in use it
+
+* loads the implementation when one is named (an implementation that cannot be loaded stops
+  the session with one line);
+* registers the ``mla_fuse.*`` hypothesis profiles and, unless ``--hypothesis-profile`` names
+  one, loads ``mla_fuse.ci`` under ``CI=true``, else ``mla_fuse.dev``;
 * with ``$MLA_FUSE_REPORT_DIR`` set (``mla-fuse verify`` sets it), writes one JSON line per test
   outcome to ``outcomes.jsonl`` there, from pytest's report hooks (on the xdist controller, so a
   crashed worker's test is recorded too);
 * turns a crashed xdist worker into a failure file: the example it was running is saved before it
   runs (``recording.inflight_path``), so it is attributed to its property and feature cell and
-  replays with ``mla-fuse repro``;
+  replays with ``python -m mla_fuse_conformance repro``;
 * provides the suite's fixtures, ``mla_fuse_impl`` (the implementation under test; the properties
   draw within its declared capabilities) and ``mla_fuse_device``, and writes the failure file of a
-  failing property (the hooks act only on examples the suite ran);
-* prints the mutation self-test table when a session wrote one.
+  failing property (the hooks act only on examples the suite ran).
 
 The suite has no conftest.py: pytest does not load one from a package outside the rootdir (as
 an installed suite run with ``--pyargs`` from the user's directory is), a plugin always loads.
@@ -24,78 +35,135 @@ an installed suite run with ``--pyargs`` from the user's directory is), a plugin
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import json
 import os
 import pathlib
-import uuid
 
 import pytest
 
-from mla_fuse_conformance.contract.implementation import (IMPL_ENV_VAR, ImplementationError, load_implementation,
-                                                 parse_required, resolve_spec)
-
-try:  # without the `test` extra the plugin still loads (it is in every session), but does little
-    from mla_fuse_conformance.settings import profiles
-    from mla_fuse_conformance.running import recording
-except ImportError:  # hypothesis is missing
-    profiles = recording = None
-
-SESSION_ID = os.environ.setdefault("MLA_FUSE_SESSION_ID", uuid.uuid4().hex)
+IMPL_OPTION = "--mla-fuse-impl"
+REQUIRE_OPTION = "--mla-fuse-require"
+IMPL_ENV_VAR = "MLA_FUSE_IMPL"  # also read by contract.implementation.resolve_spec
+REPORT_DIR_ENV = "MLA_FUSE_REPORT_DIR"
+PROFILE_PREFIX = "mla_fuse."
 OUTCOMES_FILE = "outcomes.jsonl"
-_IMPL = pytest.StashKey[object]()
+
+
+@dataclasses.dataclass
+class SuiteState:
+    """What the plugin holds for one session (in ``config.stash``)."""
+
+    in_use: bool = False
+    implementation: object = None
+
+
+_STATE = pytest.StashKey[SuiteState]()
+
+
+def state(config) -> SuiteState:
+    if _STATE not in config.stash:
+        config.stash[_STATE] = SuiteState()
+    return config.stash[_STATE]
 
 
 def pytest_addoption(parser):
     group = parser.getgroup("mla_fuse", "mla_fuse conformance suite")
     group.addoption(
-        "--impl", default=None, metavar="SPEC",
+        IMPL_OPTION, dest="mla_fuse_impl", default=None, metavar="SPEC",
         help=f"implementation under test: a registered name (triton, reference, vllm, flashinfer, sglang, "
              f"mutant:NAME) or 'module.path:attr' (the current directory is importable); falls back to "
              f"${IMPL_ENV_VAR}, then 'triton'",
     )
     group.addoption(
-        "--require", default=None, metavar="OP[,OP]",
+        REQUIRE_OPTION, dest="mla_fuse_require", default=None, metavar="OP[,OP]",
         help="operations the implementation must provide: a missing one fails instead of being skipped "
              "(adds to the adapter's own `required`)",
     )
 
 
+def suite_directory() -> pathlib.Path | None:
+    """Where the suite's modules are (without importing it)."""
+    spec = importlib.util.find_spec("mla_fuse_conformance")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return pathlib.Path(list(spec.submodule_search_locations)[0]).resolve()
+
+
+def start_suite(config) -> None:
+    """The suite is in use in this session: register and select its profiles, track examples."""
+    current = state(config)
+    if current.in_use:
+        return
+    current.in_use = True
+    from mla_fuse_conformance.running import recording
+    from mla_fuse_conformance.settings import profiles
+
+    profiles.register()
+    profiles.select_default(explicit=config.getoption("hypothesis_profile", None) is not None)
+    recording.RECORDER.track_inflight = True
+
+
 def loaded_implementation(config):
-    """The implementation of this session, loaded once (``--impl``, ``--require``)."""
-    if _IMPL not in config.stash:
-        require = parse_required(config.getoption("--require"))
-        config.stash[_IMPL] = load_implementation(config.getoption("--impl"), require)
-    return config.stash[_IMPL]
+    """The implementation of this session, loaded once (``--mla-fuse-impl``, ``--mla-fuse-require``)."""
+    current = state(config)
+    if current.implementation is None:
+        from mla_fuse_conformance.contract.implementation import load_implementation, parse_required
+
+        require = parse_required(config.getoption("mla_fuse_require"))
+        current.implementation = load_implementation(config.getoption("mla_fuse_impl"), require)
+    return current.implementation
 
 
+@pytest.hookimpl(tryfirst=True)  # before hypothesis' plugin loads a named profile, which must be registered
 def pytest_configure(config):
-    if recording is not None:
-        recording.RECORDER.track_inflight = True
-        profiles.EXPLICIT = config.getoption("hypothesis_profile", None) is not None
-    if config.getoption("--impl") or config.getoption("--require") or os.environ.get(IMPL_ENV_VAR):
+    profile = config.getoption("hypothesis_profile", None) or ""
+    named = config.getoption("mla_fuse_impl") or config.getoption("mla_fuse_require") or os.environ.get(IMPL_ENV_VAR)
+    if profile.startswith(PROFILE_PREFIX) or named:
+        start_suite(config)
+    if named:
+        from mla_fuse_conformance.contract.implementation import ImplementationError
+
         try:
             loaded_implementation(config)
         except ImplementationError as error:
             raise pytest.UsageError(str(error)) from None
-    directory = os.environ.get("MLA_FUSE_REPORT_DIR")
-    if directory and recording is not None and not hasattr(config, "workerinput"):  # not an xdist worker
+    directory = os.environ.get(REPORT_DIR_ENV)
+    if directory and not hasattr(config, "workerinput"):  # not an xdist worker
+        start_suite(config)
         config.pluginmanager.register(SessionReport(config, pathlib.Path(directory)), "mla_fuse_session_report")
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collect_file(file_path, parent):
+    """One of the suite's test files is about to be imported: the suite is in use (its profile
+    must be selected before its modules read ``settings.default``)."""
+    if state(parent.config).in_use or not file_path.name.startswith("test_") or file_path.suffix != ".py":
+        return None
+    suite = suite_directory()
+    if suite is not None and suite in file_path.resolve().parents:
+        start_suite(parent.config)
+    return None
+
+
 def pytest_unconfigure(config):
-    if recording is not None:
+    if state(config).in_use:
+        from mla_fuse_conformance.running import recording
+
         recording.RECORDER.close()
 
 
 def pytest_report_collectionfinish(config, items):
-    if not any(item.nodeid and "mla_fuse_impl" in getattr(item, "fixturenames", ()) for item in items):
+    if not state(config).in_use or not any("mla_fuse_impl" in getattr(item, "fixturenames", ()) for item in items):
         return None
     from hypothesis import settings
 
     from mla_fuse_conformance.cases import strategies
+    from mla_fuse_conformance.contract.implementation import resolve_spec
     from mla_fuse_conformance.running.devices import select_device
 
-    return (f"mla_fuse: implementation {resolve_spec(config.getoption('--impl'))}, hypothesis profile "
+    return (f"mla_fuse: implementation {resolve_spec(config.getoption('mla_fuse_impl'))}, hypothesis profile "
             f"{settings.get_current_profile_name()!r}, sizes "
             f"{'large' if strategies.limits() is strategies.LARGE else 'small'}, device {select_device()}")
 
@@ -109,6 +177,7 @@ def mla_fuse_impl(request):
     within its declared capabilities."""
     from mla_fuse_conformance.running import harness
 
+    start_suite(request.config)
     loaded = loaded_implementation(request.config)
     harness.use_implementation(loaded)
     return loaded
@@ -123,14 +192,16 @@ def mla_fuse_device():
 
 
 def pytest_runtest_setup(item):
-    if recording is not None:
+    if state(item.config).in_use:
+        from mla_fuse_conformance.running import recording
+
         recording.RECORDER.reset()
         recording.RECORDER.nodeid = item.nodeid
 
 
 @pytest.hookimpl(tryfirst=True)  # after hypothesis' own hook wrapper has set its key
 def pytest_runtest_call(item):
-    if profiles is not None and "mla_fuse_impl" in getattr(item, "fixturenames", ()):
+    if state(item.config).in_use and "mla_fuse_impl" in getattr(item, "fixturenames", ()):
         from mla_fuse_conformance.settings.database import key_by_suite_node_id
 
         key_by_suite_node_id(item)  # one example-database key per property, the key HypoFuzz uses
@@ -140,10 +211,15 @@ def pytest_runtest_call(item):
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    recorder = recording.RECORDER if recording is not None else None
-    if report.when != "call" or recorder is None or recorder.stats is None:
-        return  # not an example of the suite
+    if report.when != "call" or not state(item.config).in_use:
+        return
     from hypothesis import settings
+
+    from mla_fuse_conformance.running import recording
+
+    recorder = recording.RECORDER
+    if recorder.stats is None:
+        return  # not an example of the suite
 
     failure_file = None
     if report.failed and recorder.last_failure is not None:
@@ -187,6 +263,9 @@ class SessionReport:
     def pytest_handlecrashitem(self, crashitem, report, sched):
         """xdist: a worker died running ``crashitem``; the example it was running is in its in-flight
         file. Save it as a failure file, attributed to the property and the case's features."""
+        from mla_fuse_conformance.running import recording
+        from mla_fuse_conformance.settings import profiles
+
         found = crashed_example(crashitem)
         if found is None:
             return
@@ -213,6 +292,8 @@ def crashed_example(nodeid: str) -> tuple[dict, str] | None:
     """The in-flight example a dead process left for test ``nodeid`` (and remove it), with the
     thread stacks its hang watchdog wrote ("" when it crashed rather than hung); else the
     example of that test that finished last (``record["finished"]``), else None."""
+    from mla_fuse_conformance.running import recording
+
     directory = recording.failure_dir()
     for pattern, finished in (("inflight-*.json", False), ("inflight-*.finished", True)):
         for path in sorted(directory.glob(pattern)):
@@ -231,22 +312,3 @@ def crashed_example(nodeid: str) -> tuple[dict, str] | None:
             stacks_file.unlink(missing_ok=True)
             return dict(record, finished=finished), stacks
     return None
-
-
-def pytest_terminal_summary(terminalreporter):
-    """The mutation self-test's table (tests/test_mutants.py), when this session wrote rows."""
-    if recording is None:
-        return
-    path = recording.report_dir_or_default() / "mutants.jsonl"
-    if not path.exists():
-        return
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    rows = [row for row in rows if row.get("session") == SESSION_ID]
-    if rows:
-        terminalreporter.write_sep("-", "mla_fuse mutation self-test")
-        for line in recording.mutant_table(rows):
-            terminalreporter.write_line(line)
-
-
-if profiles is not None:
-    profiles.register()

@@ -165,7 +165,7 @@ def test_repro_says_reproduced_passed_or_could_not_run(user_dir, tmp_path):
     prop = property_named(ROPE_PROPERTY)
     found = map_property(prop, impl, "cpu", _in_process(prop, impl), max_examples=40, rounds=1)
     path = found.cells[0].file
-    run = lambda *args: subprocess.run(["mla-fuse", "repro", *args], capture_output=True, text=True,  # noqa: E731
+    run = lambda *args: subprocess.run([sys.executable, "-m", "mla_fuse_conformance", "repro", *args], capture_output=True, text=True,  # noqa: E731
                                        cwd=tmp_path)
     assert run(path).returncode == 1
     assert run(path, "--impl", "reference").returncode == 0
@@ -181,7 +181,7 @@ def test_a_worker_crash_under_pytest_becomes_a_failure_file(user_dir):
     file attributed to the property, and the rest of the session runs."""
     reports = user_dir / "reports"
     command = [sys.executable, "-m", "pytest", "--pyargs",
-               f"mla_fuse_conformance.properties.test_rotary_embedding", "--impl=adapters_here:CrashesOnRank2",
+               f"mla_fuse_conformance.properties.test_rotary_embedding", "--mla-fuse-impl=adapters_here:CrashesOnRank2",
                "-n", "1", "-p", "no:cacheprovider", "-q", "--hypothesis-profile=mla_fuse.ci"]
     env = dict(os.environ, MLA_FUSE_REPORT_DIR=str(reports), PYTHONPATH=str(user_dir))
     result = subprocess.run(command, capture_output=True, text=True, cwd=user_dir, env=env, timeout=900)
@@ -191,7 +191,7 @@ def test_a_worker_crash_under_pytest_becomes_a_failure_file(user_dir):
     assert len(crashed) == 1 and crashed[0]["failure"]["features"]["query rank"] == "2"
     assert any(line["outcome"] in ("passed", "skipped") for line in lines)  # the session went on
     assert "mla_fuse: reproduce this failure" in result.stdout
-    replay = subprocess.run(["mla-fuse", "repro", crashed[0]["failure"]["file"]], capture_output=True, text=True,
+    replay = subprocess.run([sys.executable, "-m", "mla_fuse_conformance", "repro", crashed[0]["failure"]["file"]], capture_output=True, text=True,
                             cwd=user_dir)
     assert replay.returncode == 1 and "SIGSEGV" in replay.stdout
 
@@ -199,7 +199,7 @@ def test_a_worker_crash_under_pytest_becomes_a_failure_file(user_dir):
 def test_an_adapter_that_does_not_import_stops_pytest_with_one_line(user_dir):
     (user_dir / "broken_adapter.py").write_text("import no_such_library\n")
     result = subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "mla_fuse_conformance.properties.test_mla",
-                             "--impl=broken_adapter:Kernels", "-p", "no:cacheprovider"],
+                             "--mla-fuse-impl=broken_adapter:Kernels", "-p", "no:cacheprovider"],
                             capture_output=True, text=True, cwd=user_dir, timeout=300)
     errors = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode != 0 and len(errors) == 1, result.stderr
@@ -212,7 +212,7 @@ def test_a_hang_under_pytest_becomes_a_failure_file_with_the_stacks(user_dir):
     reports = user_dir / "reports"
     command = [sys.executable, "-m", "pytest", "--pyargs",
                "mla_fuse_conformance.properties.test_rotary_embedding::test_rotary_embedding_matches_reference",
-               "--impl=adapters_here:HangsOnRank2", "-n", "1", "-p", "no:cacheprovider", "-q",
+               "--mla-fuse-impl=adapters_here:HangsOnRank2", "-n", "1", "-p", "no:cacheprovider", "-q",
                "--hypothesis-profile=mla_fuse.ci"]
     env = dict(os.environ, MLA_FUSE_REPORT_DIR=str(reports), PYTHONPATH=str(user_dir), MLA_FUSE_EXAMPLE_TIMEOUT="10")
     result = subprocess.run(command, capture_output=True, text=True, cwd=user_dir, env=env, timeout=900)
@@ -221,7 +221,7 @@ def test_a_hang_under_pytest_becomes_a_failure_file_with_the_stacks(user_dir):
     hung = [line["failure"] for line in lines if (line.get("failure") or {}).get("kind") == "hung"]
     assert len(hung) == 1 and hung[0]["features"]["query rank"] == "2", lines
     assert "no result in 10.0 s" in hung[0]["error"] and "rotary_embedding" in hung[0]["error"]  # the stack
-    replay = subprocess.run(["mla-fuse", "repro", hung[0]["file"]], capture_output=True, text=True, cwd=user_dir,
+    replay = subprocess.run([sys.executable, "-m", "mla_fuse_conformance", "repro", hung[0]["file"]], capture_output=True, text=True, cwd=user_dir,
                             env=env, timeout=300)
     assert replay.returncode == 1 and "no result in 10 s" in replay.stdout, replay.stdout + replay.stderr
 
@@ -264,7 +264,7 @@ def finished(self):
 recording.Recorder.finished = finished
 ''')
     reports = user_dir / "reports"
-    command = [sys.executable, "-m", "pytest", "test_here.py", "--impl=adapters_here:OnlyRope", "-n", "1",
+    command = [sys.executable, "-m", "pytest", "test_here.py", "--mla-fuse-impl=adapters_here:OnlyRope", "-n", "1",
                "-p", "no:cacheprovider", "-q", "--hypothesis-profile=mla_fuse.ci"]
     (user_dir / "test_here.py").write_text("from mla_fuse_conformance.properties.test_rotary_embedding import "
                                            "test_rotary_embedding_matches_reference  # noqa: F401\n")

@@ -142,7 +142,7 @@ def test_a_failure_found_on_one_host_is_replayed_by_another_and_by_plain_pytest(
 
     # a developer: plain pytest from another directory, reading the same Redis, generating nothing
     developer = tmp_path / "developer"
-    plain = run([sys.executable, "-m", "pytest", "--pyargs", "mla_fuse_conformance", f"--impl={MUTANT}", "-k", PROPERTY,
+    plain = run([sys.executable, "-m", "pytest", "--pyargs", "mla_fuse_conformance", f"--mla-fuse-impl={MUTANT}", "-k", PROPERTY,
                  "--hypothesis-profile=mla_fuse.replay", "-p", "no:cacheprovider"],
                 developer, COMMAND_TIMEOUT, MLA_FUSE_HYPOTHESIS_DB=redis_url)
     assert plain.returncode == 1 and "1 failed" in plain.stdout, plain.stdout[-3000:]

@@ -105,13 +105,13 @@ def test_a_team_gates_its_kernel_from_its_own_directory(installed, team_dir):
     assert good.returncode == 0, good.stdout[-4000:] + good.stderr[-2000:]
     assert "operations found: concat_and_cache_mla" in good.stdout and "verdict: PASS" in good.stdout
 
-    plain = _run(installed, team_dir, "pytest", "--pyargs", "mla_fuse_conformance", "--impl=my_kernels:MyKernels",
+    plain = _run(installed, team_dir, "pytest", "--pyargs", "mla_fuse_conformance", "--mla-fuse-impl=my_kernels:MyKernels",
                  "-n", "2", "-p", "no:cacheprovider", "-q", "-k", "mla_cache_write")
     assert plain.returncode == 0 and " passed" in plain.stdout, plain.stdout[-4000:]
 
     buggy = _run(installed, team_dir, "mla-fuse", "verify", "--impl", "buggy_kernels:Buggy", "-n", "2")
     assert buggy.returncode == 1 and "verdict: FAIL" in buggy.stdout, buggy.stdout[-4000:]
-    replay = re.search(r"replay: (mla-fuse repro \S+)", buggy.stdout).group(1)
+    replay = re.search(r"replay: (python -m mla_fuse_conformance repro \S+)", buggy.stdout).group(1)
     replayed = _run(installed, team_dir, *replay.split())
     assert replayed.returncode == 1 and "REPRODUCED" in replayed.stdout, replayed.stdout + replayed.stderr
 
@@ -125,3 +125,69 @@ def test_a_team_gates_its_kernel_from_its_own_directory(installed, team_dir):
     broken = _run(installed, team_dir, "mla-fuse", "verify", "--impl", "broken:Kernels")
     assert broken.returncode == 2 and broken.stdout == "", broken
     assert broken.stderr.strip().count("\n") == 0 and "my_missing_kernel_library" in broken.stderr
+
+
+def _run_not_activated(bin_dir, team_dir, *arguments, timeout=1200):
+    """``<venv>/bin/python ARGS`` with the venv's bin/ not on PATH (a venv that is not activated)."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTEST_", "MLA_FUSE_", "PYTHON"))}
+    env.update(PATH=os.pathsep.join(entry for entry in env.get("PATH", "").split(os.pathsep)
+                                    if entry and pathlib.Path(entry).resolve() != bin_dir.resolve()), CI="true")
+    return subprocess.run([str(bin_dir / "python"), *arguments], cwd=team_dir, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_the_gate_gives_the_same_verdicts_from_a_venv_that_is_not_activated(installed, team_dir):
+    """Nothing the suite runs or prints depends on the venv's bin/ being on PATH."""
+    gate = ("-m", "pytest", "--pyargs", "mla_fuse_conformance", "-n", "2", "-p", "no:cacheprovider", "-q",
+            "-k", "mla_cache_write_matches_reference")
+    good = _run_not_activated(installed, team_dir, *gate, "--mla-fuse-impl=my_kernels:MyKernels")
+    assert good.returncode == 0 and " passed" in good.stdout, good.stdout[-4000:] + good.stderr[-2000:]
+    buggy = _run_not_activated(installed, team_dir, *gate, "--mla-fuse-impl=buggy_kernels:Buggy")
+    assert buggy.returncode == 1 and " failed" in buggy.stdout, buggy.stdout[-4000:]
+    replay = re.search(r"replay exactly: (\S+) -m mla_fuse_conformance repro (\S+)", buggy.stdout)
+    assert replay and pathlib.Path(replay.group(1)) == installed / "python", buggy.stdout[-4000:]
+    replayed = _run_not_activated(installed, team_dir, "-m", "mla_fuse_conformance", "repro", replay.group(2))
+    assert replayed.returncode == 1 and "REPRODUCED" in replayed.stdout, replayed.stdout + replayed.stderr
+
+
+TEAM_PROJECT = {
+    "conftest.py": '''
+        def pytest_addoption(parser):
+            parser.addoption("--impl", default="ours", help="the team's own option of the same name")
+    ''',
+    "test_team.py": '''
+        import os
+        import sys
+
+        from hypothesis import given, settings, strategies as st
+
+        @given(st.integers())
+        def test_their_own_property(number):
+            assert settings.get_current_profile_name() == "default"
+            assert not [name for name in os.environ if name.startswith("MLA_FUSE")]
+            ours = [name for name in sys.modules if name.startswith(("torch", "triton", "mla_fuse"))]
+            assert set(ours) <= {"mla_fuse_conformance", "mla_fuse_conformance.plugin"}, ours
+
+        def test_their_impl_option(request):
+            assert request.config.getoption("--impl") == "ours"
+    ''',
+}
+
+
+def test_the_plugin_is_a_guest_in_a_team_project(installed, team_dir):
+    """A project with its own ``--impl`` option and hypothesis tests: its own run sees no profile,
+    environment variable, import or file of ours, and our gate runs beside it in the same project."""
+    for name, text in TEAM_PROJECT.items():
+        (team_dir / name).write_text(textwrap.dedent(text))
+    before = set(team_dir.iterdir())
+    theirs = _run_not_activated(installed, team_dir, "-m", "pytest", "test_team.py", "-p", "no:cacheprovider", "-q")
+    assert theirs.returncode == 0 and "2 passed" in theirs.stdout, theirs.stdout[-4000:] + theirs.stderr[-2000:]
+    written = {path.name for path in set(team_dir.iterdir()) - before}
+    assert not {name for name in written if "mla_fuse" in name}, written
+    gate = _run_not_activated(installed, team_dir, "-m", "pytest", "--pyargs", "mla_fuse_conformance",
+                              "--mla-fuse-impl=my_kernels:MyKernels", "-n", "2", "-p", "no:cacheprovider", "-q",
+                              "-k", "mla_cache_write_matches_reference")
+    assert gate.returncode == 0 and " passed" in gate.stdout, gate.stdout[-4000:] + gate.stderr[-2000:]
+    both = _run_not_activated(installed, team_dir, "-m", "pytest", "test_team.py", "--impl=theirs", "-p",
+                              "no:cacheprovider", "-q", "-k", "not impl_option")
+    assert both.returncode == 0, both.stdout[-4000:] + both.stderr[-2000:]

@@ -25,7 +25,6 @@ import mla_fuse_conformance.properties.test_rotary_embedding  # noqa: F401
 from mla_fuse_conformance.contract.implementation import load_implementation
 from mla_fuse_conformance.mutants.kernels import APPROXIMATED, BUG_CLASSES, HONEST, MUTANTS
 from mla_fuse_conformance.settings import profiles
-from mla_fuse_conformance.running import recording
 from mla_fuse_conformance.running.devices import select_device
 from mla_fuse_conformance.running.harness import PROPERTIES, NotProvided
 
@@ -95,18 +94,18 @@ def run_properties(impl, device, stop_at_first: bool):
 
 
 @pytest.mark.parametrize("mutant", sorted(set(MUTANTS) - HONEST))
-def test_mutant_is_caught(mutant):
+def test_mutant_is_caught(mutant, mutant_results):
     impl = load_implementation(f"mutant:{mutant}")
     start = time.perf_counter()
     try:
         caught, examples = run_properties(impl, select_device(), stop_at_first=True)
     except Exception as error:  # a crash is a broken mutant, not a catch
-        recording.append_mutant_result(dict(mutant=mutant, result="crashed", seconds=time.perf_counter() - start,
+        mutant_results(dict(mutant=mutant, result="crashed", seconds=time.perf_counter() - start,
                                             examples=0, property=None, message=repr(error), time=time.time()))
         raise
     seconds = time.perf_counter() - start
     name, error, _ = caught[0] if caught else (None, None, None)
-    recording.append_mutant_result(dict(
+    mutant_results(dict(
         mutant=mutant, result="caught" if caught else "MISSED", seconds=seconds, examples=examples,
         property=name and name.rpartition(":")[2], bug_class=BUG_CLASSES[mutant][0],
         approximated=mutant in APPROXIMATED, message=str(error).splitlines()[:2] if error else None,
@@ -116,12 +115,12 @@ def test_mutant_is_caught(mutant):
 
 
 @pytest.mark.parametrize("variant", sorted(HONEST))
-def test_bug_free_variants_pass_every_property(variant):
+def test_bug_free_variants_pass_every_property(variant, mutant_results):
     """The base, and the base with each other declaration (padded_rows, rounding) it honours."""
     impl = load_implementation(f"mutant:{variant}")
     start = time.perf_counter()
     caught, examples = run_properties(impl, select_device(), stop_at_first=False)
-    recording.append_mutant_result(dict(mutant=variant, result="passed" if not caught else "FAILED",
+    mutant_results(dict(mutant=variant, result="passed" if not caught else "FAILED",
                                         seconds=time.perf_counter() - start, examples=examples,
                                         property=caught[0][0].rpartition(":")[2] if caught else None,
                                         time=time.time()))

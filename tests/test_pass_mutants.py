@@ -19,7 +19,6 @@ import pytest
 from hypothesis import Verbosity, example, given, settings
 
 from mla_fuse_conformance.settings import profiles
-from mla_fuse_conformance.running import recording
 from mla_fuse_conformance.mutants.passes import PASS_MUTANTS
 from mla_fuse_conformance.properties.test_compile_passes import CI_EXAMPLES, PROPERTIES
 
@@ -47,7 +46,7 @@ def hunt(strategy, check, explicit, max_examples: int):
 
 
 @pytest.mark.parametrize("name", sorted(PASS_MUTANTS))
-def test_pass_mutant_is_caught_by_the_properties(name):
+def test_pass_mutant_is_caught_by_the_properties(name, mutant_results):
     mutant = PASS_MUTANTS[name]
     start, total, caught = time.perf_counter(), 0, None
     with mutant.active():
@@ -60,7 +59,7 @@ def test_pass_mutant_is_caught_by_the_properties(name):
     seconds = time.perf_counter() - start
     prop, error = caught or (None, None)
     result = "MISSED" if error is None else "caught" if isinstance(error, mutant.caught_by) else "crashed"
-    recording.append_mutant_result(dict(
+    mutant_results(dict(
         mutant=f"pass:{name}", result=result, seconds=seconds, examples=total, property=prop, bug_class=mutant.bug_class,
         message=f"{type(error).__name__}: {str(error).splitlines()[0][:200]}" if error else None, time=time.time()))
     print(f"pass mutant {name}: {result} by {prop} after {total} examples in {seconds:.1f}s"

@@ -266,7 +266,7 @@ def test_a_saved_failure_replays_exactly(tmp_path, monkeypatch):
     assert cases.from_jsonable(record["case"]) == PLAIN_MLA
     assert repro.replay(record) == 1
     assert repro.replay(record, impl_spec="mutant:none") == 0
-    result = subprocess.run(["mla-fuse", "repro", str(path)], capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "mla_fuse_conformance", "repro", str(path)], capture_output=True,
                             text=True, cwd=tmp_path)
     assert result.returncode == 1 and "outside the CONTRACT §5 bound" in result.stderr + result.stdout
 

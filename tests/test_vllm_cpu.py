@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -27,7 +28,7 @@ def _verify(impl: str, tmp_path) -> dict:
     # barrier deadlocked) costs 30 s, not the default 120, each time the map meets one
     env = dict(os.environ, MLA_FUSE_FAILURE_DIR=str(tmp_path / "failures"), CI="true", MLA_FUSE_EXAMPLE_TIMEOUT="30")
     env.pop("PYTEST_XDIST_WORKER", None)
-    result = subprocess.run(["mla-fuse", "verify", "--impl", impl, "--report-dir", str(tmp_path), "-n", "1"],
+    result = subprocess.run([sys.executable, "-m", "mla_fuse_conformance", "verify", "--impl", impl, "--report-dir", str(tmp_path), "-n", "1"],
                             capture_output=True, text=True, cwd=tmp_path, env=env, timeout=2400)
     assert result.returncode in (0, 1), result.stdout[-4000:] + result.stderr[-2000:]  # 2: could not run
     return json.loads((tmp_path / "report.json").read_text())

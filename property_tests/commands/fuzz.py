@@ -78,7 +78,7 @@ def suite_files(spec: str) -> list[str]:
 def pytest_options(spec: str, profile: str) -> list[str]:
     """Node ids relative to the suite's directory: the ids HypoFuzz keys the database by
     (``database.key_by_suite_node_id``)."""
-    return [f"--rootdir={SUITE_DIR}", "-p", "no:cacheprovider", f"--impl={spec}",
+    return [f"--rootdir={SUITE_DIR}", "-p", "no:cacheprovider", f"--mla-fuse-impl={spec}",
             f"--hypothesis-profile={profiles.full_name(profile)}"]
 
 
@@ -407,7 +407,7 @@ def pytest_replay_command(nodeid: str, options) -> str:
     """A developer's run of one property that replays what the database holds for it (and nothing else)."""
     test = nodeid.partition("::")[2].partition("[")[0]
     return (f"{database.DATABASE_ENV_VAR}={shlex.quote(database.shown(options.db))} python -m pytest --pyargs "
-            f"mla_fuse_conformance --impl={shlex.quote(options.spec)} -k {shlex.quote(test)} "
+            f"mla_fuse_conformance --mla-fuse-impl={shlex.quote(options.spec)} -k {shlex.quote(test)} "
             f"--hypothesis-profile={profiles.full_name('replay')}")
 
 

@@ -135,8 +135,8 @@ def describe_implementation(impl) -> list[str]:
 
 def pytest_command(spec: str, profile: str, report_dir: pathlib.Path, workers: str, require: tuple[str, ...],
                    extra: list[str]) -> list[str]:
-    return [sys.executable, "-m", "pytest", "--pyargs", SUITE_PACKAGE, f"--impl={spec}",
-            *([f"--require={','.join(require)}"] if require else []),
+    return [sys.executable, "-m", "pytest", "--pyargs", SUITE_PACKAGE, f"--mla-fuse-impl={spec}",
+            *([f"--mla-fuse-require={','.join(require)}"] if require else []),
             f"--hypothesis-profile={profiles.full_name(profile)}", f"--junitxml={report_dir / 'junit.xml'}",
             "-p", "no:cacheprovider", "-n", workers, *extra]
 

@@ -273,9 +273,9 @@ CI_EXAMPLES = 16
 @pytest.fixture(scope="module", autouse=True)
 def passes_run_on_our_kernels(request):
     """The passes insert mla_fuse's own ops, so these properties check the ``triton`` implementation only."""
-    spec = resolve_spec(request.config.getoption("--impl"))
+    spec = resolve_spec(request.config.getoption("mla_fuse_impl"))
     if spec != "triton":
-        pytest.skip(f"compile passes call mla_fuse.ops (the triton implementation); --impl={spec} does not apply")
+        pytest.skip(f"compile passes call mla_fuse.ops (the triton implementation); --mla-fuse-impl={spec} does not apply")
 
 
 def announce(case: CompileCase) -> None:

@@ -31,12 +31,13 @@ import os
 import pathlib
 import re
 import shlex
+import shutil
+import sys
 
 from mla_fuse_conformance.cases import types as case_types
 
 FAILURE_DIR_ENV = "MLA_FUSE_FAILURE_DIR"
 REPORT_DIR_ENV = "MLA_FUSE_REPORT_DIR"
-SESSION_ENV_VAR = "MLA_FUSE_SESSION_ID"
 TIMEOUT_ENV = "MLA_FUSE_EXAMPLE_TIMEOUT"
 DEFAULT_EXAMPLE_TIMEOUT = 120.0  # seconds; the slowest ci/gpu example under the interpreter takes ~20 s loaded
 
@@ -201,6 +202,15 @@ class Recorder:
 RECORDER = Recorder()
 
 
+def python_command() -> str:
+    """The interpreter running now, as a printed command should call it: ``python`` where that
+    name finds this interpreter (an activated venv), else its path (a venv that is not activated)."""
+    on_path = shutil.which("python")
+    if on_path and os.path.abspath(on_path) == os.path.abspath(sys.executable):
+        return "python"
+    return shlex.quote(sys.executable)
+
+
 def replay_command(path: pathlib.Path) -> str:
     """``mla-fuse repro FILE`` as it runs from the current directory: the file relative to it, and
     the ``PYTHONPATH`` this run had (absolute), which an outside adapter may need to import."""
@@ -212,7 +222,7 @@ def replay_command(path: pathlib.Path) -> str:
     if os.environ.get("PYTHONPATH"):
         entries = [str(pathlib.Path(entry).absolute()) for entry in os.environ["PYTHONPATH"].split(os.pathsep) if entry]
         prefix = f"PYTHONPATH={shlex.quote(os.pathsep.join(entries))} "
-    return f"{prefix}mla-fuse repro {shlex.quote(str(shown))}"
+    return f"{prefix}{python_command()} -m mla_fuse_conformance repro {shlex.quote(str(shown))}"
 
 
 def save_failure(failure: dict, nodeid: str, profile: str) -> pathlib.Path:
@@ -237,8 +247,8 @@ def pytest_command(failure: dict, nodeid: str, profile: str) -> str:
     """The property's pytest item, addressed through the installed suite so it runs from anywhere."""
     module, _, function = failure["property"].partition(":")
     item = function + (nodeid.partition("::" + function)[2] if "::" + function in nodeid else "")
-    return (f"pytest --pyargs {shlex.quote(f'mla_fuse_conformance.{module}::{item}')} "
-            f"--impl={shlex.quote(failure['impl'])} --hypothesis-profile={profile}")
+    return (f"{python_command()} -m pytest --pyargs {shlex.quote(f'mla_fuse_conformance.properties.{module}::{item}')} "
+            f"--mla-fuse-impl={shlex.quote(failure['impl'])} --hypothesis-profile={profile}")
 
 
 def describe_failure(failure: dict, path: pathlib.Path, nodeid: str, profile: str) -> str:
@@ -257,27 +267,3 @@ def describe_failure(failure: dict, path: pathlib.Path, nodeid: str, profile: st
         f"others replay it from the example database)",
         f"keep it:        add {case!r} to the property's examples=[...] (names from mla_fuse_conformance.cases.types)",
     ])
-
-
-# ---------------------------------------------------------------- the mutation self-test's report
-
-
-def report_dir_or_default() -> pathlib.Path:
-    return pathlib.Path(os.environ.get(REPORT_DIR_ENV) or ".mla_fuse_reports").absolute()
-
-
-def append_mutant_result(row: dict) -> None:
-    """One line per mutant in ``mutants.jsonl`` (tests/test_mutants.py)."""
-    directory = report_dir_or_default()
-    directory.mkdir(parents=True, exist_ok=True)
-    row = dict(row, session=os.environ.get(SESSION_ENV_VAR), worker=worker_name())
-    with open(directory / "mutants.jsonl", "a") as stream:
-        stream.write(json.dumps(row, sort_keys=True) + "\n")
-
-
-def mutant_table(rows: list[dict]) -> list[str]:
-    lines = [f"{'mutant':38} {'result':9} {'seconds':>8} {'examples':>8}  caught by"]
-    for row in sorted(rows, key=lambda r: r["mutant"]):
-        lines.append(f"{row['mutant']:38} {row['result']:9} {row['seconds']:8.2f} {row['examples']:8d}  "
-                     f"{row.get('property') or '-'}")
-    return lines

@@ -27,8 +27,9 @@ directory). So a failure HypoFuzz stores is replayed by a plain pytest run, and 
 Export (``mla-fuse db export FILE``): one zip file holding a ``DirectoryBasedExampleDatabase``
 (hypothesis' own layout, with its ``.hypothesis-keys`` index of the raw keys) and a manifest;
 unzipped into ``.hypothesis/mla_fuse`` it is a working database, and ``mla-fuse db import FILE``
-adds every entry to any database (directory or Redis). Entries replay only on the hypothesis
-version that wrote them (pinned in pyproject.toml); import warns when the versions differ.
+adds every entry to any database (directory or Redis). An entry is hypothesis' choice sequence,
+read reliably by the hypothesis version that wrote it: import warns when the versions differ,
+and a run that fetches entries another version wrote warns (``VersionStampedDatabase``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import json
 import os
 import pathlib
 import tempfile
+import warnings
 import zipfile
 from urllib.parse import urlsplit
 
@@ -101,14 +103,82 @@ def _open_redis(url: str, source: str) -> ExampleDatabase:
 
 def open_database(url: str | None, read_only: bool = False,
                   source: str = f"${DATABASE_ENV_VAR}") -> ExampleDatabase:
-    """The database for a run: ``url``'s, or with ``read_only`` the local directory in front of it."""
+    """The database for a run: ``url``'s, or with ``read_only`` the local directory in front of it;
+    entries written by another hypothesis version are reported (``VersionStampedDatabase``)."""
     shared = open_shared(url, source)
     if not read_only:
-        return shared
+        return VersionStampedDatabase(shared)
     local = DirectoryBasedExampleDatabase(default_directory())
     if shared == local:
-        return ReadOnlyDatabase(shared)
-    return MultiplexedDatabase(local, ReadOnlyDatabase(shared))
+        return VersionStampedDatabase(ReadOnlyDatabase(shared))
+    return VersionStampedDatabase(MultiplexedDatabase(local, ReadOnlyDatabase(shared)))
+
+
+# ---------------------------------------------------------------- entries of another hypothesis version
+
+VERSION_SUFFIX = b".mla-fuse-hypothesis-version"
+
+
+class StaleExamplesWarning(UserWarning):
+    """Saved examples were written by another hypothesis version (see ``VersionStampedDatabase``)."""
+
+
+class VersionStampedDatabase(ExampleDatabase):
+    """``wrapped``, with the hypothesis version that saved under each key stored beside it.
+
+    Hypothesis stores an example as its choice sequence; a newer hypothesis may read an older
+    sequence differently (another case) or not at all, and it drops what it cannot read without a
+    word. Here a fetch from a key that another version wrote warns once per key and process
+    (``StaleExamplesWarning``, shown in pytest's warnings summary): how many entries still parse
+    (they are replayed, but may no longer rebuild the case that failed) and how many do not (not
+    replayed). Failure files do not depend on the version: ``mla-fuse repro FILE`` rebuilds the
+    case from the file.
+    """
+
+    def __init__(self, wrapped: ExampleDatabase) -> None:
+        super().__init__()
+        self.wrapped = wrapped
+        self.version = hypothesis.__version__.encode()
+        self.warned: set[bytes] = set()
+
+    def __repr__(self) -> str:
+        return f"VersionStampedDatabase({self.wrapped!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, VersionStampedDatabase) and self.wrapped == other.wrapped
+
+    def fetch(self, key: bytes):
+        values = list(self.wrapped.fetch(key))
+        if values and not key.endswith(VERSION_SUFFIX) and key not in self.warned:
+            writers = set(self.wrapped.fetch(key + VERSION_SUFFIX))
+            if writers and self.version not in writers:
+                self.warned.add(key)
+                warnings.warn(stale_message(key, values, writers, self.version), StaleExamplesWarning, stacklevel=2)
+        yield from values
+
+    def save(self, key: bytes, value: bytes) -> None:
+        self.wrapped.save(key, value)
+        if not key.endswith(VERSION_SUFFIX):
+            for other in set(self.wrapped.fetch(key + VERSION_SUFFIX)) - {self.version}:
+                self.wrapped.delete(key + VERSION_SUFFIX, other)
+            self.wrapped.save(key + VERSION_SUFFIX, self.version)
+
+    def delete(self, key: bytes, value: bytes) -> None:
+        self.wrapped.delete(key, value)
+
+    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
+        self.wrapped.move(src, dest, value)
+
+
+def stale_message(key: bytes, values: list[bytes], writers: set[bytes], version: bytes) -> str:
+    from hypothesis.database import choices_from_bytes
+
+    unreadable = sum(choices_from_bytes(value) is None for value in values)
+    written = ", ".join(sorted(writer.decode(errors="replace") for writer in writers))
+    return (f"{len(values)} saved example(s) under database key {key[:24].hex()}... were written by hypothesis "
+            f"{written}; this is hypothesis {version.decode()}: {len(values) - unreadable} are replayed but may no "
+            f"longer rebuild the case that failed, {unreadable} cannot be read and are not replayed. A failure "
+            f"file replays under any version: python -m mla_fuse_conformance repro FILE")
 
 
 def read_only_from_environment() -> bool:

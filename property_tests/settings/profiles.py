@@ -13,7 +13,7 @@
 The prefix keeps them apart from a project's own ``dev``/``ci`` profiles: the suite is a
 pytest plugin installed next to the user's tests. ``--hypothesis-profile mla_fuse.ci``
 selects one; ``mla-fuse verify --profile ci`` takes the short name. When none is named and
-the suite is collected, ``mla_fuse.ci`` is loaded under ``CI=true``, else ``mla_fuse.dev``.
+the suite is in use (``plugin.py``), ``mla_fuse.ci`` is loaded under ``CI=true``, else ``mla_fuse.dev``.
 
 ``deadline=None`` everywhere: the Triton interpreter's first launch of a kernel compiles
 it. The example database (every profile but ``ci``) is ``$MLA_FUSE_HYPOTHESIS_DB``: a directory
@@ -72,14 +72,11 @@ def default_profile() -> str:
     return "ci" if os.environ.get("CI", "").lower() in ("1", "true", "yes") else "dev"
 
 
-EXPLICIT = False  # the plugin sets it when --hypothesis-profile was given
-
-
-def select_default() -> None:
+def select_default(explicit: bool) -> None:
     """Load the default profile unless one of ours is loaded or ``--hypothesis-profile`` chose
-    another (hypothesis itself loads its own ``ci`` profile at import under ``CI=true``: that is
-    not a choice)."""
-    if not EXPLICIT and current() is None:
+    another (``explicit``; hypothesis itself loads its own ``ci`` profile at import under
+    ``CI=true``: that is not a choice). The plugin calls this when the suite is in use."""
+    if not explicit and current() is None:
         settings.load_profile(full_name(default_profile()))
 
 
