@@ -1,7 +1,7 @@
 """Throughput of the conformance suite as one worker of a fuzzing campaign sees it (a benchmark, not a test).
 
 1. ``properties``: examples per second per worker for every property of the suite
-   (``mla_fuse_conformance.running.harness.PROPERTIES``) against each implementation named: one
+   (``mla_fuse_conformance.running.harness.all_properties()``) against each implementation named: one
    process, one torch thread (a campaign runs one worker per core), hypothesis generating
    ``--examples`` derandomized examples per property (no database, no shrinking: what a
    worker does between finds) after a short warm-up. Each property is run ``--repeats``
@@ -30,7 +30,6 @@ Figures and how to read them: docs/THROUGHPUT.md.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import platform
@@ -40,7 +39,6 @@ import time
 import torch
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 
-PROPERTY_MODULES = ("test_rotary_embedding", "test_mla", "test_flash")
 CPU_IMPLS = ("triton", "triton-cpu-fast")
 MLA_SHAPE = dict(tokens=64, heads=16, kv_cache_dtype="fp8")
 
@@ -53,9 +51,7 @@ def load_properties(sizes: str) -> dict:
     os.environ["MLA_FUSE_PROPERTY_SIZES"] = sizes
     from mla_fuse_conformance.running import harness
 
-    for module in PROPERTY_MODULES:
-        importlib.import_module(f"mla_fuse_conformance.{module}")
-    return harness.PROPERTIES
+    return harness.all_properties()
 
 
 def worker_settings(max_examples: int) -> settings:

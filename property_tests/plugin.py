@@ -57,6 +57,35 @@ class SuiteState:
 
     in_use: bool = False
     implementation: object = None
+    recorder: object = None  # running.recording.Recorder, made when the suite is first used
+    properties: dict = dataclasses.field(default_factory=dict)  # test function -> harness.Property
+    test: object = None  # the test function running now
+
+
+class SuiteRun:
+    """The ``mla_fuse`` fixture: the checks of ``harness.PropertyRun`` for the property test
+    running now (session-scoped, so hypothesis' examples share it; it holds no per-example state)."""
+
+    def __init__(self, config, impl, device) -> None:
+        self.config, self.impl, self.device = config, impl, device
+
+    def current(self):
+        from mla_fuse_conformance.running.harness import PropertyRun, property_of
+
+        current = state(self.config)
+        if current.test not in current.properties:
+            current.properties[current.test] = property_of(current.test)
+        return PropertyRun(current.properties[current.test], self.impl, self.device, current.recorder,
+                           skip_missing=True)
+
+    def against_reference(self, case, operation: str):
+        return self.current().against_reference(case, operation)
+
+    def fused_equals_unfused(self, case, fused: str):
+        return self.current().fused_equals_unfused(case, fused)
+
+    def rejects_bad_input(self, case):
+        return self.current().rejects_bad_input(case)
 
 
 _STATE = pytest.StashKey[SuiteState]()
@@ -102,7 +131,7 @@ def start_suite(config) -> None:
 
     profiles.register()
     profiles.select_default(explicit=config.getoption("hypothesis_profile", None) is not None)
-    recording.RECORDER.track_inflight = True
+    current.recorder = recording.Recorder(track_inflight=True)
 
 
 def loaded_implementation(config):
@@ -118,6 +147,8 @@ def loaded_implementation(config):
 
 @pytest.hookimpl(tryfirst=True)  # before hypothesis' plugin loads a named profile, which must be registered
 def pytest_configure(config):
+    config.addinivalue_line("markers", "mla_fuse(*operations, bad_input=False, examples_per_corruption=None): "
+                                       "a property of the mla_fuse conformance suite and the operations it checks")
     profile = config.getoption("hypothesis_profile", None) or ""
     named = config.getoption("mla_fuse_impl") or config.getoption("mla_fuse_require") or os.environ.get(IMPL_ENV_VAR)
     if profile.startswith(PROFILE_PREFIX) or named:
@@ -148,10 +179,8 @@ def pytest_collect_file(file_path, parent):
 
 
 def pytest_unconfigure(config):
-    if state(config).in_use:
-        from mla_fuse_conformance.running import recording
-
-        recording.RECORDER.close()
+    if state(config).recorder is not None:
+        state(config).recorder.close()
 
 
 def pytest_report_collectionfinish(config, items):
@@ -173,14 +202,17 @@ def pytest_report_collectionfinish(config, items):
 
 @pytest.fixture(scope="session")
 def mla_fuse_impl(request):
-    """The implementation under test (``implementation.Implementation``); the properties draw
-    within its declared capabilities."""
-    from mla_fuse_conformance.running import harness
-
+    """The implementation under test (``contract.implementation.Implementation``); each example
+    is moved inside its declared capabilities before it runs."""
     start_suite(request.config)
-    loaded = loaded_implementation(request.config)
-    harness.use_implementation(loaded)
-    return loaded
+    return loaded_implementation(request.config)
+
+
+@pytest.fixture(scope="session")
+def mla_fuse(request, mla_fuse_impl, mla_fuse_device):
+    """What a property test (``@pytest.mark.mla_fuse(...)``) checks with: the implementation, the
+    device and this session's recorder (``SuiteRun``); its methods are the checks."""
+    return SuiteRun(request.config, mla_fuse_impl, mla_fuse_device)
 
 
 @pytest.fixture(scope="session")
@@ -192,19 +224,21 @@ def mla_fuse_device():
 
 
 def pytest_runtest_setup(item):
-    if state(item.config).in_use:
-        from mla_fuse_conformance.running import recording
-
-        recording.RECORDER.reset()
-        recording.RECORDER.nodeid = item.nodeid
+    current = state(item.config)
+    if current.recorder is not None:
+        current.recorder.reset()
+        current.recorder.nodeid = item.nodeid
+        current.test = getattr(item, "function", None)
 
 
 @pytest.hookimpl(tryfirst=True)  # after hypothesis' own hook wrapper has set its key
 def pytest_runtest_call(item):
-    if state(item.config).in_use and "mla_fuse_impl" in getattr(item, "fixturenames", ()):
+    if state(item.config).in_use and "mla_fuse" in getattr(item, "fixturenames", ()):
         from mla_fuse_conformance.settings.database import key_by_suite_node_id
 
-        key_by_suite_node_id(item)  # one example-database key per property, the key HypoFuzz uses
+        marks = [mark for mark in item.iter_markers("mla_fuse")]
+        # one example-database key per property, the key HypoFuzz uses (and the key before 0.2)
+        key_by_suite_node_id(item, bool(marks[0].kwargs.get("bad_input")) if marks else None)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -217,8 +251,8 @@ def pytest_runtest_makereport(item, call):
 
     from mla_fuse_conformance.running import recording
 
-    recorder = recording.RECORDER
-    if recorder.stats is None:
+    recorder = state(item.config).recorder
+    if recorder is None or recorder.stats is None:
         return  # not an example of the suite
 
     failure_file = None

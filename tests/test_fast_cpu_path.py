@@ -24,7 +24,7 @@ from hypothesis import example, given, strategies as st
 
 from mla_fuse_conformance.cases import tensors as builder
 from mla_fuse_conformance.judging import comparisons
-from mla_fuse_conformance.running import harness
+from mla_fuse_conformance.running import checks
 from mla_fuse_conformance.cases import strategies
 from mla_fuse_conformance.contract.implementation import load_implementation
 from mla_fuse_conformance.running.devices import select_device
@@ -49,8 +49,8 @@ def test_declarations_are_the_kernels():
 def assert_same_bits(operation: str, case) -> None:
     kernels, fast = builder.build(case, DEVICE), builder.build(case, DEVICE)
     check_values = getattr(case, "check_values", False)
-    harness.call(KERNELS, operation, kernels.args, check_values)
-    harness.call(FAST, operation, fast.args, check_values)
+    checks.call(KERNELS, operation, kernels.args, check_values)
+    checks.call(FAST, operation, fast.args, check_values)
     comparisons.assert_buffers_equal(
         kernels.buffers, {name: buffer.flat for name, buffer in fast.buffers.items()},
         {name: buffer.flat for name, buffer in kernels.buffers.items()},

@@ -21,7 +21,7 @@ from mla_fuse_conformance.contract.implementation import load_implementation
 from mla_fuse_conformance.cases import tensors as build
 from mla_fuse_conformance.cases import types as cases
 from mla_fuse_conformance.judging import comparisons
-from mla_fuse_conformance.running import harness
+from mla_fuse_conformance.running import checks, harness
 from mla_fuse_conformance.judging import memory
 from mla_fuse_conformance.judging import oracle
 from mla_fuse_conformance.running import recording
@@ -135,7 +135,7 @@ def test_strategies_reach_every_contract_case(kind):
 
 def test_every_property_runs_the_edge_cases():
     """T = 0 and T = 1 run in every profile, as explicit examples (not left to chance)."""
-    for name, prop in harness.PROPERTIES.items():
+    for name, prop in harness.all_properties().items():
         if prop.needs_input_checks:
             continue
         tokens = {case.tokens for case in prop.examples}
@@ -167,7 +167,7 @@ REFERENCE = load_implementation("reference")
 def _run_reference(case, operation="concat_and_cache_mla_rope_fused"):
     built = build.build(case, "cpu")
     expectation = oracle.expect(operation, built, REFERENCE)
-    harness.call(REFERENCE, operation, built.args)
+    checks.call(REFERENCE, operation, built.args)
     return built, expectation
 
 
@@ -256,12 +256,12 @@ def test_reference_rope_passes_the_unrotated_tail_through_bitwise():
 def test_a_saved_failure_replays_exactly(tmp_path, monkeypatch):
     """Fail a property on a mutant, save the failure, replay it in process and with the command line."""
     monkeypatch.setenv(recording.FAILURE_DIR_ENV, str(tmp_path))
-    prop = harness.PROPERTIES["test_mla:test_fused_mla_matches_reference"]
+    prop = harness.property_named("test_mla:test_fused_mla_matches_reference")
     mutant = load_implementation("mutant:sin_sign_flipped")
-    recording.RECORDER.reset()
+    recorder = recording.Recorder()
     with pytest.raises(AssertionError):
-        prop.run(mutant, torch.device("cpu"), PLAIN_MLA)
-    path = recording.save_failure(recording.RECORDER.last_failure, "property_tests/test_mla.py::x", "ci")
+        prop.run(mutant, torch.device("cpu"), PLAIN_MLA, recorder=recorder)
+    path = recording.save_failure(recorder.last_failure, "property_tests/test_mla.py::x", "ci")
     record = json.loads(path.read_text())
     assert cases.from_jsonable(record["case"]) == PLAIN_MLA
     assert repro.replay(record) == 1

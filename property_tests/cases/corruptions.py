@@ -366,5 +366,10 @@ CORRUPTIONS: dict[str, dict[str, Callable]] = {
 }
 
 
+def names(operation: str) -> list[str]:
+    """The corruptions of ``operation``, in the order its bad-input property is parametrized."""
+    return sorted(CORRUPTIONS[operation])
+
+
 def corrupt(operation: str, corruption: str, built) -> Corrupted:
     return CORRUPTIONS[operation][corruption](built)

@@ -81,12 +81,15 @@ def summarize(outcomes: list[dict], spec: str) -> dict[str, OperationSummary]:
     """Per operation: outcomes and metrics of the properties exercising ``spec`` (a property over
     several operations, fused vs unfused, counts for each); the rest counts as ``general`` (the
     suite's self-checks run mutants on purpose: their metrics are not the implementation's)."""
+    from mla_fuse_conformance.running.harness import all_properties
+
+    properties = all_properties()
     summaries: dict[str, OperationSummary] = {}
     for line in outcomes:
         metrics = line.get("metrics") or {}
         if metrics.get("impl") != spec:
             metrics = {}
-        prop = property_of(line["nodeid"])
+        prop = property_of(line["nodeid"], properties)
         operations = (metrics.get("operations") or (line.get("failure") or {}).get("operations")
                       or (prop.operations if prop is not None and line["outcome"] == "failed" else [GENERAL]))
         for operation in operations:
@@ -141,25 +144,26 @@ def pytest_command(spec: str, profile: str, report_dir: pathlib.Path, workers: s
             "-p", "no:cacheprovider", "-n", workers, *extra]
 
 
-def property_of(nodeid: str):
-    """The registered property a test id runs, or None (``_import_properties`` registers them)."""
-    from mla_fuse_conformance.running.harness import PROPERTIES
-
+def property_of(nodeid: str, properties: dict):
+    """The kernel property (of ``properties``, ``harness.all_properties()``) a test id runs, or None."""
     path, _, function = nodeid.partition("::")
-    return PROPERTIES.get(f"{pathlib.PurePath(path).stem}:{function.partition('[')[0]}")
+    return properties.get(f"{pathlib.PurePath(path).stem}:{function.partition('[')[0]}")
 
 
 def failing_properties(outcomes: list[dict]) -> list[str]:
     """Names of the properties that failed: those with a failure file, then registered properties
     whose test failed without one (a worker that died after its example had finished, e.g. at a
     ``free`` of a heap its kernel had corrupted). Bad-input properties are per corruption already."""
+    from mla_fuse_conformance.running.harness import all_properties
+
+    properties = all_properties()
     names = []
     for line in outcomes:
         failure = line.get("failure")
         if failure and failure["property"] not in names:
             names.append(failure["property"])
     for line in outcomes:
-        prop = property_of(line["nodeid"]) if line["outcome"] == "failed" and not line.get("failure") else None
+        prop = property_of(line["nodeid"], properties) if line["outcome"] == "failed" and not line.get("failure") else None
         if prop is not None and not prop.needs_input_checks and prop.name not in names:
             names.append(prop.name)
     return names
@@ -169,7 +173,7 @@ def run_maps(impl, outcomes: list[dict], profile: str, rounds: int) -> tuple[lis
     """Conformance maps of the failing properties, and the checks of the declared limits."""
     from mla_fuse_conformance.running.devices import select_device
     from mla_fuse_conformance.running.executor import Executor
-    from mla_fuse_conformance.running.harness import PROPERTIES, property_named
+    from mla_fuse_conformance.running.harness import all_properties, property_named
     from mla_fuse_conformance.commands.conformance_map import PropertyMap, check_limit, map_property
 
     max_examples = {"ci": profiles.CI_MAX_EXAMPLES, "dev": 30}.get(profile, 100)
@@ -190,7 +194,7 @@ def run_maps(impl, outcomes: list[dict], profile: str, rounds: int) -> tuple[lis
                 maps.append(PropertyMap(prop.name, prop.operations, [], {}, 0, False,
                                         error=f"{type(error).__name__}: {error}"[:2000]))
         for op in impl.operations:
-            prop = next((p for p in PROPERTIES.values() if p.operations == (op,) and not p.needs_input_checks), None)
+            prop = next((p for p in all_properties().values() if p.operations == (op,) and not p.needs_input_checks), None)
             if prop is None:
                 continue
             for axis, values in impl.caps(op).restrictions(prop.rotates).items():
@@ -198,12 +202,6 @@ def run_maps(impl, outcomes: list[dict], profile: str, rounds: int) -> tuple[lis
                     limits.append(check_limit(prop, impl, lambda case, p=prop: executor.run(p.name, case, False),
                                               op, axis, value))
     return maps, limits
-
-
-def _import_properties() -> None:
-    from mla_fuse_conformance.properties import test_rotary_embedding  # noqa: F401 registers them
-    from mla_fuse_conformance.properties import test_flash
-    from mla_fuse_conformance.properties import test_mla
 
 
 def run_verify(impl_spec: str | None, profile: str, report_dir: pathlib.Path, workers: str | None,
@@ -224,7 +222,6 @@ def run_verify(impl_spec: str | None, profile: str, report_dir: pathlib.Path, wo
                PYTHONPATH=os.pathsep.join([os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])]))
     returncode = subprocess.call(command, env=env)
     outcomes = read_outcomes(report_dir / OUTCOMES_FILE)
-    _import_properties()
     summaries = summarize(outcomes, impl.spec)
     maps, limits = run_maps(impl, outcomes, profile, map_rounds) if map_rounds else ([], [])
     elapsed = time.monotonic() - started

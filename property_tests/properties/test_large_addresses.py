@@ -19,7 +19,7 @@ import torch
 
 from mla_fuse_conformance.cases import tensors as build
 from mla_fuse_conformance.judging import comparisons
-from mla_fuse_conformance.running import harness
+from mla_fuse_conformance.running import checks
 from mla_fuse_conformance.judging import memory
 from mla_fuse_conformance.judging import oracle
 from mla_fuse_conformance.cases.types import FlashCase, MlaCase, RopeCase, SlotSpec, TableSpec
@@ -63,7 +63,7 @@ def _require(impl, operation, case):
 def _checked_small_run(impl, case, operation, device):
     built = build.build(case, device)
     expectation = oracle.expect(operation, built, impl)
-    harness.call(impl, operation, built.args)
+    checks.call(impl, operation, built.args)
     comparisons.assert_matches(built.buffers, {n: b.flat for n, b in built.buffers.items()}, expectation)
     return built
 
@@ -102,7 +102,7 @@ def test_cache_entries_past_the_threshold(mla_fuse_impl, mla_fuse_device, case, 
     slots = large.args["slot_mapping"]
     shift = extra_blocks * case.block_size
     large.args["slot_mapping"] = torch.where(slots >= 0, slots + shift, slots)
-    harness.call(impl, operation, large.args)
+    checks.call(impl, operation, large.args)
     for name in caches:
         huge = large.args[name]
         assert torch.equal(memory.bits(huge[extra_blocks:]), memory.bits(small.args[name])), \
@@ -125,7 +125,7 @@ def test_query_rows_a_huge_stride_apart(mla_fuse_impl, mla_fuse_device):
     huge_query = torch.as_strided(pool, query.shape, (token_stride, *query.stride()[1:]), 0)
     huge_query.copy_(query)
     large.args["query"] = huge_query
-    harness.call(impl, "rotary_embedding", large.args)
+    checks.call(impl, "rotary_embedding", large.args)
     assert torch.equal(memory.bits(huge_query), memory.bits(small.args["query"])), \
         f"query rows {token_stride} elements apart rotated differently from packed rows"
     for t in range(case.tokens - 1):  # the memory between the rows

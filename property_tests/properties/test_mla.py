@@ -1,12 +1,15 @@
 """Properties of the MLA operations: ``concat_and_cache_mla`` and its fused rope form (CONTRACT §2-§4)."""
 
-from mla_fuse_conformance.running import harness
-from mla_fuse_conformance.cases import strategies
-from mla_fuse_conformance.cases.types import MlaCase, SlotSpec, TableSpec, ValueSpec
-from mla_fuse_conformance.running.harness import bad_input_prop, prop
+import pytest
+from hypothesis import given, settings
+
+from mla_fuse_conformance.cases import corruptions, strategies
+from mla_fuse_conformance.cases.types import BadInputCase, MlaCase, SlotSpec, TableSpec, ValueSpec
+from mla_fuse_conformance.running.harness import bad_input_examples, examples
 
 EDGES = strategies.edge_cases("mla")
 
+CACHE_WRITE = "concat_and_cache_mla"
 FUSED = "concat_and_cache_mla_rope_fused"
 FOUND = [
     # triton, mid-development: -1007.6 / 1 stored as E4M3 0x88 instead of saturating to 0xfe (-448)
@@ -16,34 +19,45 @@ FOUND = [
 ]
 
 
-@prop("concat_and_cache_mla", cases=strategies.mla_cases(fused=False), examples=FOUND + EDGES)
-def test_mla_cache_write_matches_reference(impl, device, case):
+@pytest.mark.mla_fuse(CACHE_WRITE)
+@examples(FOUND + EDGES)
+@given(case=strategies.mla_cases(fused=False))
+def test_mla_cache_write_matches_reference(mla_fuse, case):
     """Entries ``[kv_c | k_pe]`` land at their slots (source bits, or fp8 codes per §5); padded,
     unused and out-of-batch slots and all memory around the views keep their sentinel bits."""
-    return harness.against_reference(impl, device, case, "concat_and_cache_mla")
+    mla_fuse.against_reference(case, CACHE_WRITE)
 
 
-@prop(FUSED, cases=strategies.mla_cases(fused=True), examples=FOUND + EDGES)
-def test_fused_mla_matches_reference(impl, device, case):
+@pytest.mark.mla_fuse(FUSED)
+@examples(FOUND + EDGES)
+@given(case=strategies.mla_cases(fused=True))
+def test_fused_mla_matches_reference(mla_fuse, case):
     """q_pe and k_pe rotated within the bound (padded rows as declared), written back into
     their parents; the cache holds the rotated k_pe written back (or its fp8 code)."""
-    return harness.against_reference(impl, device, case, FUSED)
+    mla_fuse.against_reference(case, FUSED)
 
 
-@prop(FUSED, "rotary_embedding", "concat_and_cache_mla", cases=strategies.mla_cases(fused=True),
-      examples=EDGES)
-def test_fused_mla_equals_unfused_chain(impl, device, case):
+@pytest.mark.mla_fuse(FUSED, "rotary_embedding", CACHE_WRITE)
+@examples(EDGES)
+@given(case=strategies.mla_cases(fused=True))
+def test_fused_mla_equals_unfused_chain(mla_fuse, case):
     """The fused op writes the same cache bits as rotary_embedding then concat_and_cache_mla."""
-    harness.fused_equals_unfused(impl, device, case, FUSED)
+    mla_fuse.fused_equals_unfused(case, FUSED)
 
 
-@bad_input_prop("concat_and_cache_mla", examples_per_corruption=2)
-def test_mla_cache_write_rejects_bad_input(impl, device, case):
+@pytest.mark.mla_fuse(CACHE_WRITE, bad_input=True, examples_per_corruption=2)
+@pytest.mark.parametrize("corruption", corruptions.names(CACHE_WRITE))
+@settings(max_examples=bad_input_examples(2))
+@given(base=strategies.BASE_CASES[CACHE_WRITE]())
+def test_mla_cache_write_rejects_bad_input(mla_fuse, corruption, base):
     """Bad input raises ValueError/TypeError naming the argument, before writing anything."""
-    harness.rejects_bad_input(impl, device, case)
+    mla_fuse.rejects_bad_input(BadInputCase(CACHE_WRITE, corruption, base))
 
 
-@bad_input_prop(FUSED, examples_per_corruption=2)
-def test_fused_mla_rejects_bad_input(impl, device, case):
+@pytest.mark.mla_fuse(FUSED, bad_input=True, examples_per_corruption=2)
+@pytest.mark.parametrize("corruption", corruptions.names(FUSED))
+@settings(max_examples=bad_input_examples(2))
+@given(base=strategies.BASE_CASES[FUSED]())
+def test_fused_mla_rejects_bad_input(mla_fuse, corruption, base):
     """Bad input raises ValueError/TypeError naming the argument, before writing anything."""
-    harness.rejects_bad_input(impl, device, case)
+    mla_fuse.rejects_bad_input(BadInputCase(FUSED, corruption, base))

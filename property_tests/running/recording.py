@@ -128,12 +128,13 @@ class PropertyStats:
 
 
 class Recorder:
-    """Per-process state of the property being run (pytest runs one test at a time per process)."""
+    """The examples of the property being run: its metrics, its last failure and, with
+    ``track_inflight`` (the plugin's recorder), each example saved before it runs. The plugin
+    holds one per session (``config.stash``); runs outside pytest make their own."""
 
-    def __init__(self) -> None:
+    def __init__(self, track_inflight: bool = False) -> None:
+        self.track_inflight = track_inflight
         self.reset()
-
-    track_inflight = False  # write each example before it runs (the suite's plugin turns it on)
 
     def reset(self) -> None:
         self.stats: PropertyStats | None = None
@@ -198,8 +199,6 @@ class Recorder:
         return {"property": prop.name, "operations": list(prop.operations), "impl": impl.spec, "device": str(device),
                 "case": case_types.to_jsonable(case), "features": features(base, prop.rotates)}
 
-
-RECORDER = Recorder()
 
 
 def python_command() -> str:

@@ -133,6 +133,9 @@ class VersionStampedDatabase(ExampleDatabase):
     (they are replayed, but may no longer rebuild the case that failed) and how many do not (not
     replayed). Failure files do not depend on the version: ``mla-fuse repro FILE`` rebuilds the
     case from the file.
+
+    ``aliases`` maps a key to an older key of the same test (``legacy_keys``): its entries are
+    fetched too, so examples saved before a property's key changed still replay.
     """
 
     def __init__(self, wrapped: ExampleDatabase) -> None:
@@ -140,6 +143,7 @@ class VersionStampedDatabase(ExampleDatabase):
         self.wrapped = wrapped
         self.version = hypothesis.__version__.encode()
         self.warned: set[bytes] = set()
+        self.aliases: dict[bytes, bytes] = {}
 
     def __repr__(self) -> str:
         return f"VersionStampedDatabase({self.wrapped!r})"
@@ -148,13 +152,17 @@ class VersionStampedDatabase(ExampleDatabase):
         return isinstance(other, VersionStampedDatabase) and self.wrapped == other.wrapped
 
     def fetch(self, key: bytes):
-        values = list(self.wrapped.fetch(key))
-        if values and not key.endswith(VERSION_SUFFIX) and key not in self.warned:
-            writers = set(self.wrapped.fetch(key + VERSION_SUFFIX))
-            if writers and self.version not in writers:
-                self.warned.add(key)
-                warnings.warn(stale_message(key, values, writers, self.version), StaleExamplesWarning, stacklevel=2)
-        yield from values
+        for stored in (key, self.aliases.get(key)):
+            if stored is None:
+                continue
+            values = list(self.wrapped.fetch(stored))
+            if values and not stored.endswith(VERSION_SUFFIX) and stored not in self.warned:
+                writers = set(self.wrapped.fetch(stored + VERSION_SUFFIX))
+                if writers and self.version not in writers:
+                    self.warned.add(stored)
+                    warnings.warn(stale_message(stored, values, writers, self.version), StaleExamplesWarning,
+                                  stacklevel=2)
+            yield from values
 
     def save(self, key: bytes, value: bytes) -> None:
         self.wrapped.save(key, value)
@@ -212,11 +220,28 @@ def suite_node_id(item) -> str:
     return f"{item.path.name}::{item.nodeid.split('::', 1)[1]}"
 
 
-def key_by_suite_node_id(item) -> None:
-    """Key a hypothesis test's database entries by its suite node id (see the module docstring)."""
+def key_by_suite_node_id(item, bad_input: bool | None = None, databases=None) -> None:
+    """Key a hypothesis test's database entries by its suite node id (see the module docstring).
+    For a kernel property (``bad_input`` not None) the key it had before 0.2 is read too, from
+    ``databases`` (default: those of the loaded profile and of the test's own settings)."""
     test = getattr(getattr(item, "obj", None), "hypothesis", None)
-    if test is not None:
-        test.inner_test._hypothesis_internal_add_digest = suite_node_id(item).encode()
+    if test is None:
+        return
+    node = suite_node_id(item)
+    test.inner_test._hypothesis_internal_add_digest = node.encode()
+    if bad_input is None:
+        return
+    from hypothesis import settings
+    from hypothesis.internal.reflection import function_digest
+
+    from mla_fuse_conformance.settings.legacy_keys import legacy_key
+
+    if databases is None:
+        chosen = (settings.default, getattr(item.obj, "_hypothesis_internal_use_settings", None))
+        databases = [each.database for each in chosen if each is not None]
+    for each in databases:
+        if isinstance(each, VersionStampedDatabase):
+            each.aliases[function_digest(test.inner_test)] = legacy_key(node, bad_input)
 
 
 # ---------------------------------------------------------------- export and import
