@@ -48,7 +48,6 @@ REQUIRE_OPTION = "--mla-fuse-require"
 IMPL_ENV_VAR = "MLA_FUSE_IMPL"  # also read by contract.implementation.resolve_spec
 REPORT_DIR_ENV = "MLA_FUSE_REPORT_DIR"
 PROFILE_PREFIX = "mla_fuse."
-OUTCOMES_FILE = "outcomes.jsonl"
 
 
 @dataclasses.dataclass
@@ -276,6 +275,8 @@ class SessionReport:
 
     def __init__(self, config, directory: pathlib.Path) -> None:
         self.config = config
+        from mla_fuse_conformance.running.recording import OUTCOMES_FILE
+
         self.path = directory / OUTCOMES_FILE
 
     def pytest_runtest_logreport(self, report):

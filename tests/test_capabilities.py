@@ -13,7 +13,7 @@ from mla_fuse_conformance.cases import strategies
 from mla_fuse_conformance.contract.capabilities import CONTRACT, Capabilities, from_declaration
 from mla_fuse_conformance.cases.types import MlaCase, RopeCase, SlotSpec, TableSpec
 from mla_fuse_conformance.cases.features import AXES, AXIS, features
-from mla_fuse_conformance.contract.operations import OPERATIONS
+from mla_fuse_conformance.declarations.operations import OPERATIONS
 
 SETTINGS = settings(max_examples=25, deadline=None, database=None, derandomize=True,
                     suppress_health_check=list(HealthCheck))

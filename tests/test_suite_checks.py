@@ -22,7 +22,7 @@ from mla_fuse_conformance.cases import tensors as build
 from mla_fuse_conformance.cases import types as cases
 from mla_fuse_conformance.judging import comparisons
 from mla_fuse_conformance.running import checks, harness
-from mla_fuse_conformance.judging import memory
+from mla_fuse_conformance.cases import memory
 from mla_fuse_conformance.judging import oracle
 from mla_fuse_conformance.running import recording
 from mla_fuse_conformance.running import replay as repro

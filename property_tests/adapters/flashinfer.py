@@ -48,10 +48,12 @@ import importlib.util
 import torch
 
 from mla_fuse_conformance.contract.capabilities import Capabilities
+from mla_fuse_conformance.declarations.dtypes import FLOAT_DTYPES, FP8_FORMAT_OF_KV_CACHE_DTYPE
 
 NOT_INSTALLED = "flashinfer is not installed: pip install flashinfer-python (needs a CUDA GPU)"
-FP8_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
-SOURCE_BITS = ("auto", "bfloat16", "float16", "float32")  # kv_cache_dtypes that store the source bits
+FLOAT8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+FP8_DTYPES = {name: FLOAT8[fmt] for name, fmt in FP8_FORMAT_OF_KV_CACHE_DTYPE.items()}
+SOURCE_BITS = ("auto", *FLOAT_DTYPES)  # kv_cache_dtypes that store the source bits
 HALF_DTYPES = ("bfloat16", "float16")
 INT32_MAX = 2 ** 31 - 1
 

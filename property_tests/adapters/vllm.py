@@ -50,9 +50,6 @@ CPU_MLA_CACHE = Capabilities(dtypes=("bfloat16", "float16"), kv_cache_dtypes=("a
                              slot_dtypes=("int64",))
 
 
-_LOADED: pathlib.Path | None = None  # the CPU build this process loaded
-
-
 def _vllm_directory() -> pathlib.Path:
     spec = importlib.util.find_spec("vllm")
     if spec is None or not spec.submodule_search_locations:
@@ -73,12 +70,14 @@ def _load_cpu_library(name: str) -> pathlib.Path:
         path = _vllm_directory() / f"{name}.abi3.so"
     if not path.exists():
         raise ImportError(f"{path} does not exist ({NOT_INSTALLED})")
-    global _LOADED
-    if _LOADED is not None and _LOADED != path:  # two builds would register the same _C ops
-        raise RuntimeError(f"vLLM's CPU extension {_LOADED} is already loaded in this process; cannot load {path}")
-    if _LOADED is None:
+    # torch.ops keeps the libraries this process loaded; two builds would register the same _C ops
+    loaded = {pathlib.Path(library).resolve() for library in torch.ops.loaded_libraries}
+    other = next((library for library in loaded if library.parent == path.resolve().parent
+                  and library.name.startswith("_C") and library != path.resolve()), None)
+    if other is not None:
+        raise RuntimeError(f"vLLM's CPU extension {other} is already loaded in this process; cannot load {path}")
+    if path.resolve() not in loaded:
         torch.ops.load_library(str(path))
-        _LOADED = path
     return path
 
 

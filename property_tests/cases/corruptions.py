@@ -22,6 +22,8 @@ from typing import Callable
 
 import torch
 
+from mla_fuse_conformance.declarations.operations import OPERATIONS
+
 
 class NotApplicable(Exception):
     """This corruption means nothing for this base case (the property discards the example)."""
@@ -220,7 +222,7 @@ def rotary_embedding_corruptions() -> dict[str, Callable]:
 SCALE = ("scale", "kv_cache_scale")  # the fused MLA op names its scale kv_cache_scale
 
 
-def mla_cache_corruptions() -> dict[str, Callable]:
+def concat_and_cache_mla_corruptions() -> dict[str, Callable]:
     def cache_width(b, delta):
         cache = b.args["kv_cache"]
         return _replace(b, ("kv_cache",), kv_cache=_fresh((cache.size(0), cache.size(1), cache.size(2) + delta),
@@ -258,13 +260,13 @@ def mla_cache_corruptions() -> dict[str, Callable]:
     }
 
 
-def mla_fused_corruptions() -> dict[str, Callable]:
+def concat_and_cache_mla_rope_fused_corruptions() -> dict[str, Callable]:
     def table_width(b, width):
         table = b.args["cos_sin_cache"]
         return _replace(b, ("cos_sin_cache",), cos_sin_cache=_fresh((table.size(0), width), table.dtype, b.device))
 
     return {
-        **mla_cache_corruptions(),
+        **concat_and_cache_mla_corruptions(),
         **positions_corruptions(),
         "q_pe_rank_2": lambda b: _replace(b, ("q_pe",), q_pe=b.args["q_pe"][:, 0]),
         "q_pe_wider_than_k_pe": lambda b: _replace(
@@ -281,7 +283,7 @@ def mla_fused_corruptions() -> dict[str, Callable]:
     }
 
 
-def flash_cache_corruptions() -> dict[str, Callable]:
+def reshape_and_cache_flash_corruptions() -> dict[str, Callable]:
     def shaped(b, name, dim, delta, names=None, dtype=None, inner_stride=1):
         shape = list(b.args[name].shape)
         shape[dim] += delta
@@ -333,7 +335,7 @@ def flash_cache_corruptions() -> dict[str, Callable]:
     }
 
 
-def flash_fused_corruptions() -> dict[str, Callable]:
+def rope_and_reshape_and_cache_flash_corruptions() -> dict[str, Callable]:
     def query(b, dim, delta, dtype=None):
         shape = list(b.args["query"].shape)
         shape[dim] += delta
@@ -345,7 +347,7 @@ def flash_fused_corruptions() -> dict[str, Callable]:
         return _replace(b, ("cos_sin_cache",), cos_sin_cache=_fresh((table.size(0), width), table.dtype, b.device))
 
     return {
-        **flash_cache_corruptions(),
+        **reshape_and_cache_flash_corruptions(),
         **positions_corruptions(),
         "query_rank_2": lambda b: _replace(b, ("query",), query=b.args["query"].flatten(1)),
         "query_other_head_size": lambda b: query(b, 2, 1),
@@ -357,13 +359,8 @@ def flash_fused_corruptions() -> dict[str, Callable]:
     }
 
 
-CORRUPTIONS: dict[str, dict[str, Callable]] = {
-    "rotary_embedding": rotary_embedding_corruptions(),
-    "concat_and_cache_mla": mla_cache_corruptions(),
-    "concat_and_cache_mla_rope_fused": mla_fused_corruptions(),
-    "reshape_and_cache_flash": flash_cache_corruptions(),
-    "rope_and_reshape_and_cache_flash": flash_fused_corruptions(),
-}
+# operation -> corruption name -> function; each operation's table is ``<operation>_corruptions()``
+CORRUPTIONS: dict[str, dict[str, Callable]] = {op: globals()[f"{op}_corruptions"]() for op in OPERATIONS}
 
 
 def names(operation: str) -> list[str]:

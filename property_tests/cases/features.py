@@ -21,10 +21,8 @@ import dataclasses
 from typing import Callable
 
 from mla_fuse_conformance.cases.types import FlashCase, MlaCase, Placement, RopeCase, ScaleSpec
-
-FLOAT_DTYPES = ("float32", "bfloat16", "float16")
-FP8_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")
-KV_CACHE_DTYPES = ("auto", *FLOAT_DTYPES, *FP8_CACHE_DTYPES)
+from mla_fuse_conformance.declarations.dtypes import (FLOAT_DTYPES, FP8_CACHE_DTYPES, FP8_STORAGES, INDEX_DTYPES,
+                                                       KV_CACHE_DTYPES)
 
 replace = dataclasses.replace
 
@@ -347,9 +345,9 @@ def _set_slot_dtype(case, value):
 AXES: tuple[Axis, ...] = (
     Axis("dtype", FLOAT_DTYPES, _dtype, _set_dtype),
     Axis("table dtype", ("float32", "input dtype"), _table_dtype, _set_table_dtype, rope_only=True),
-    Axis("positions dtype", ("int64", "int32"), _positions_dtype, _set_positions_dtype, rope_only=True),
+    Axis("positions dtype", INDEX_DTYPES, _positions_dtype, _set_positions_dtype, rope_only=True),
     Axis("positions layout", ("contiguous", "strided"), _positions_layout, _set_positions_layout, rope_only=True),
-    Axis("slot_mapping dtype", ("int64", "int32"), _slot_dtype, _set_slot_dtype),
+    Axis("slot_mapping dtype", INDEX_DTYPES, _slot_dtype, _set_slot_dtype),
     Axis("slot_mapping layout", ("contiguous", "strided"), _slots_layout, _set_slots_layout),
     Axis("style", ("neox", "gptj"), _style, _set_style, rope_only=True),
     Axis("query rank", ("3", "2"), _query_rank, _set_query_rank, rope_only=True),
@@ -361,7 +359,7 @@ AXES: tuple[Axis, ...] = (
     Axis("inputs", ("contiguous", "packed", "strided"), _inputs, _set_inputs),
     Axis("value head size", ("Dv = D", "Dv != D"), _value_head_size, _set_value_head_size),
     Axis("kv_cache_dtype", KV_CACHE_DTYPES, _kv_cache_dtype, _set_kv_cache_dtype),
-    Axis("fp8 storage", ("uint8", "float8"), _fp8_storage, _set_fp8_storage),
+    Axis("fp8 storage", FP8_STORAGES, _fp8_storage, _set_fp8_storage),
     Axis("scale", ("1", "other"), _scale, _set_scale),
     Axis("per-head scales", ("no", "yes"), _per_head_scales, _set_per_head_scales),
     Axis("K, V scales", ("equal", "differ"), _kv_scales, _set_kv_scales),

@@ -1,8 +1,8 @@
 """Hypothesis strategies for the cases of CONTRACT §1-§4.
 
 Small ``@st.composite`` strategies that draw shapes first, then everything sized to
-fit them, and end in a frozen case (``cases.py``) holding parameters and a seed;
-tensors are built from the seed later (``build.py``), never drawn element by element.
+fit them, and end in a frozen case (``types.py``) holding parameters and a seed;
+tensors are built from the seed later (``tensors.py``), never drawn element by element.
 Every strategy shrinks toward the plain case: few tokens, contiguous tensors, a small
 plain fp32 table, an ``auto`` cache, unit scales.
 
@@ -13,20 +13,22 @@ kernel there), larger under the ``gpu`` profile or ``MLA_FUSE_PROPERTY_SIZES=lar
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 
 from hypothesis import strategies as st
 
+from mla_fuse_conformance.declarations.dtypes import (FLOAT_DTYPES, FP8_CACHE_DTYPES, FP8_FORMAT_OF_KV_CACHE_DTYPE,
+                                                       FP8_FORMATS, FP8_STORAGES, INDEX_DTYPES)
+from mla_fuse_conformance.declarations.operations import FAMILY_OF_OPERATION, FUSED_OPERATIONS, OPERATIONS
 from mla_fuse_conformance.settings import profiles
 from mla_fuse_conformance.cases.types import (BadInputCase, FlashCase, MlaCase, Placement, PositionSpec, RopeCase, ScaleSpec,
                                   SlotSpec, TableSpec, ValueSpec)
 
 SIZES_ENV_VAR = "MLA_FUSE_PROPERTY_SIZES"
-FLOAT_DTYPES = ("float32", "bfloat16", "float16")
-FP8_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")
-# log2 of each fp8 format's finite max, to aim values below, at and past saturation
-FP8_LOG2_MAX = {"fp8": 8.8, "fp8_e4m3": 8.8, "fp8_e5m2": 15.8}
+# log2 of each fp8 cache dtype's finite max (8.8, 15.8), to aim values below, at and past saturation
+FP8_LOG2_MAX = {name: round(math.log2(FP8_FORMATS[fmt]), 1) for name, fmt in FP8_FORMAT_OF_KV_CACHE_DTYPE.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +73,7 @@ def weighted(*options_and_weights):
 
 seeds = st.integers(0, 2 ** 32 - 1)
 dtypes = st.sampled_from(FLOAT_DTYPES)
-index_dtypes = st.sampled_from(("int64", "int32"))
+index_dtypes = st.sampled_from(INDEX_DTYPES)
 
 
 @st.composite
@@ -226,7 +228,7 @@ def cache_formats(draw, dtype: str) -> tuple[str, str]:
     """``(kv_cache_dtype, cache_storage)``: ``auto`` or the named dtype (source bits), or fp8 in
     uint8 or float8 storage."""
     kv_cache_dtype = draw(st.sampled_from(("auto", dtype, *FP8_CACHE_DTYPES)))
-    storage = "source" if kv_cache_dtype not in FP8_CACHE_DTYPES else draw(st.sampled_from(("uint8", "float8")))
+    storage = "source" if kv_cache_dtype not in FP8_CACHE_DTYPES else draw(st.sampled_from(FP8_STORAGES))
     return kv_cache_dtype, storage
 
 
@@ -316,13 +318,17 @@ def flash_cases(draw, fused: bool = True, max_tokens: int | None = None, min_tok
         k_scale=k_scale, v_scale=v_scale, check_values=draw(st.booleans()))
 
 
-BASE_CASES = {
-    "rotary_embedding": lambda: rope_cases(max_tokens=6, min_tokens=2),
-    "concat_and_cache_mla": lambda: mla_cases(fused=False, max_tokens=6, min_tokens=2),
-    "concat_and_cache_mla_rope_fused": lambda: mla_cases(fused=True, max_tokens=6, min_tokens=2),
-    "reshape_and_cache_flash": lambda: flash_cases(fused=False, max_tokens=6, min_tokens=2),
-    "rope_and_reshape_and_cache_flash": lambda: flash_cases(fused=True, max_tokens=6, min_tokens=2),
-}
+def base_cases(operation: str):
+    """Small valid cases of ``operation`` (2-6 tokens), the ones a bad-input property corrupts."""
+    family = FAMILY_OF_OPERATION[operation]
+    if family == "rope":
+        return rope_cases(max_tokens=6, min_tokens=2)
+    cases = mla_cases if family == "mla" else flash_cases
+    return cases(fused=operation in FUSED_OPERATIONS, max_tokens=6, min_tokens=2)
+
+
+# operation -> a strategy of its small valid cases
+BASE_CASES = {op: functools.partial(base_cases, op) for op in OPERATIONS}
 
 
 @st.composite

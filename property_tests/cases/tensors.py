@@ -13,16 +13,16 @@ import math
 
 import torch
 
-from mla_fuse_conformance.judging import memory
+from mla_fuse_conformance.cases import memory
 from mla_fuse_conformance.cases.types import FlashCase, MlaCase, Placement, RopeCase
+from mla_fuse_conformance.declarations.dtypes import FLOAT_DTYPES, FP8_FORMAT_OF_KV_CACHE_DTYPE, INDEX_DTYPES
 from mla_fuse_reference import fp8 as ref_fp8
 from mla_fuse_reference import rope as ref_rope
-from mla_fuse_reference.cache import FP8_FORMAT_OF_KV_CACHE_DTYPE
 from mla_fuse_reference.rounding import FLOAT_FORMATS, round_once
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-          "int32": torch.int32, "int64": torch.int64}
-FLOAT8_STORAGE = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+# dtype name (declarations.dtypes) -> torch dtype; fp8 format -> its torch.float8_* storage dtype
+DTYPES = {name: getattr(torch, name) for name in (*FLOAT_DTYPES, *INDEX_DTYPES)}
+FLOAT8_STORAGE = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}  # the keys of FP8_FORMATS
 
 
 def fp8_format(kv_cache_dtype: str) -> str | None:

@@ -8,7 +8,7 @@
    failure file by the plugin). Outcomes and metrics come from pytest's report hooks
    (``outcomes.jsonl``, written by the plugin), not from parsing JUnit; ``junit.xml`` is still
    written for CI services.
-3. For every failing property, build its conformance map (``mapping.py``): which feature values
+3. For every failing property, build its conformance map (``conformance_map.py``): which feature values
    fail, each failing cell with its replay file, and which pass.
 4. Check each declared limit with a few cases just outside it.
 5. Print the report, write ``report.json``; exit 0 when everything passed, 1 otherwise.
@@ -28,8 +28,9 @@ import time
 from mla_fuse_conformance.settings import profiles
 from mla_fuse_conformance.running import recording
 from mla_fuse_conformance.cases.features import describe
-from mla_fuse_conformance.contract.implementation import OPERATIONS, ImplementationError, load_implementation
-from mla_fuse_conformance.plugin import OUTCOMES_FILE
+from mla_fuse_conformance.contract.implementation import ImplementationError, load_implementation
+from mla_fuse_conformance.declarations.operations import OPERATIONS, ROTATING_OPERATIONS
+from mla_fuse_conformance.running.recording import OUTCOMES_FILE
 
 SUITE_PACKAGE = "mla_fuse_conformance"
 GENERAL = "general"  # tests that belong to no single operation (the suite's self-checks, compile passes)
@@ -130,7 +131,7 @@ def describe_implementation(impl) -> list[str]:
         lines.append(f"warning: {attr!r} is not an operation of the contract; did you mean {op!r}?"
                      + ("" if op in impl.required else " (--require it to make its absence a failure)"))
     for op in provided:
-        rotates = op in ("rotary_embedding", "concat_and_cache_mla_rope_fused", "rope_and_reshape_and_cache_flash")
+        rotates = op in ROTATING_OPERATIONS
         limits = impl.caps(op).describe(rotates)
         lines.append(f"declared limits of {op}: " + ("; ".join(limits) if limits else "none (the whole contract)"))
     return lines

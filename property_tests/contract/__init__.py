@@ -1,1 +1,1 @@
-"""The implementation contract: the operations and dtypes the suite declares (from CONTRACT §4), how an implementation declares its capabilities, and how one is loaded from a spec."""
+"""What an implementation declares and how it is loaded: its capabilities (declared limits) and loading an adapter from a spec (``--impl SPEC``). The operations and dtypes themselves are declared in ``declarations``."""

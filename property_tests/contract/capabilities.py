@@ -19,8 +19,9 @@ import dataclasses
 from typing import Any, Iterable, Mapping
 
 from mla_fuse_conformance.cases.types import FlashCase, MlaCase
-from mla_fuse_conformance.cases.features import AXES, AXIS, FLOAT_DTYPES, KV_CACHE_DTYPES, axes_for, features
-from mla_fuse_conformance.contract.operations import OPERATIONS
+from mla_fuse_conformance.cases.features import AXES, AXIS, axes_for, features
+from mla_fuse_conformance.declarations.dtypes import FLOAT_DTYPES, FP8_STORAGES, INDEX_DTYPES, KV_CACHE_DTYPES
+from mla_fuse_conformance.declarations.operations import OPERATIONS
 
 TABLE_POLICIES = ("any", "input", "float32")
 
@@ -31,8 +32,8 @@ class Capabilities:
 
     dtypes: tuple[str, ...] = FLOAT_DTYPES  # activations: q, k, v, kv_c
     table_dtypes: str = "any"  # cos_sin_cache: "any", "input" (must equal the activations' dtype), "float32"
-    position_dtypes: tuple[str, ...] = ("int64", "int32")
-    slot_dtypes: tuple[str, ...] = ("int64", "int32")
+    position_dtypes: tuple[str, ...] = INDEX_DTYPES
+    slot_dtypes: tuple[str, ...] = INDEX_DTYPES
     strided_index_tensors: bool = True  # positions / slot_mapping as strided views
     styles: tuple[str, ...] = ("neox", "gptj")  # is_neox True / False
     query_ranks: tuple[int, ...] = (3, 2)  # rotary_embedding: [T, H, D] and [T, H * D]
@@ -42,7 +43,7 @@ class Capabilities:
     input_layouts: tuple[str, ...] = ("contiguous", "packed", "strided")  # q/k/v/kv_c tensors
     distinct_value_head_size: bool = True  # MHA: Dv != D
     kv_cache_dtypes: tuple[str, ...] = KV_CACHE_DTYPES
-    fp8_storage: tuple[str, ...] = ("uint8", "float8")  # fp8 caches as torch.uint8 / torch.float8_*
+    fp8_storage: tuple[str, ...] = FP8_STORAGES  # fp8 caches as torch.uint8 / torch.float8_*
     per_head_scales: bool = True  # MHA: k_scale / v_scale of shape [Hkv]
     scales: tuple[str, ...] = ("1", "other")  # fp8 scale values: only 1, or any
     distinct_kv_scales: bool = True  # MHA fp8: k_scale != v_scale

@@ -32,16 +32,17 @@ import sys
 from typing import Any, Callable
 
 from mla_fuse_conformance.contract.capabilities import Capabilities, from_declaration
-from mla_fuse_conformance.contract.operations import OPERATION_ARGUMENTS, OPERATIONS, PADDED_ROW_MODES, ROUNDING_MODES
+from mla_fuse_conformance.declarations.operations import OPERATION_ARGUMENTS, OPERATIONS, PADDED_ROW_MODES, ROUNDING_MODES
 
 __all__ = ["OPERATION_ARGUMENTS", "OPERATIONS", "Capabilities", "Implementation", "ImplementationError", "describe",
-           "load_implementation", "parse_required", "register", "registered_names", "resolve_spec"]
+           "load_implementation", "parse_required", "registered_names", "resolve_spec"]
 
 IMPL_ENV_VAR = "MLA_FUSE_IMPL"
 DEFAULT_IMPL = "triton"
 
-# Registered names resolve lazily to specs: nothing is imported until that implementation is chosen.
-_REGISTRY: dict[str, str] = {
+# Names that resolve to specs, lazily: nothing is imported until that implementation is chosen
+# (``mutant:NAME`` resolves through MUTANTS_MODULE, see ``_mutant_specs``).
+BUILT_IN: dict[str, str] = {
     "reference": "mla_fuse_reference.adapter:ReferenceImplementation",
     "triton": "mla_fuse_conformance.adapters.triton:TritonImplementation",
     "triton-cpu-fast": "mla_fuse_conformance.adapters.triton_cpu_fast:TritonCpuFastImplementation",
@@ -52,16 +53,8 @@ _REGISTRY: dict[str, str] = {
 }
 
 
-def register(name: str, spec: str) -> None:
-    """Make ``name`` resolve to ``spec`` (``module.path:attr``)."""
-    if ":" not in spec:
-        raise ValueError(f"register: spec must look like 'module.path:attr', got {spec!r}")
-    _REGISTRY[name] = spec
-
-
 def registered_names() -> list[str]:
-    _register_mutants()
-    return sorted(_REGISTRY)
+    return sorted({**BUILT_IN, **_mutant_specs()})
 
 
 class ImplementationError(ValueError):
@@ -108,11 +101,10 @@ class Implementation:
 MUTANTS_MODULE = "mla_fuse_conformance.mutants.kernels"
 
 
-def _register_mutants() -> None:
-    """``mutant:NAME`` for every mutant (imported only when a mutant is asked for or names are listed)."""
+def _mutant_specs() -> dict[str, str]:
+    """``mutant:NAME`` -> its spec, for every mutant (imported only when a mutant is asked for or names are listed)."""
     mutants = importlib.import_module(MUTANTS_MODULE)
-    for mutant_name, cls in mutants.MUTANTS.items():
-        _REGISTRY.setdefault(f"mutant:{mutant_name}", f"{MUTANTS_MODULE}:{cls.__name__}")
+    return {f"mutant:{name}": f"{MUTANTS_MODULE}:{cls.__name__}" for name, cls in mutants.MUTANTS.items()}
 
 
 def resolve_spec(spec: str | None) -> str:
@@ -133,9 +125,7 @@ def parse_required(text: str | None) -> tuple[str, ...]:
 def load_implementation(spec: str | None = None, require: tuple[str, ...] = ()) -> Implementation:
     """Load the implementation named by ``spec`` (see the module docstring)."""
     spec = resolve_spec(spec)
-    if spec not in _REGISTRY and spec.startswith("mutant:"):
-        _register_mutants()
-    target_spec = _REGISTRY.get(spec, spec)
+    target_spec = BUILT_IN.get(spec) or (_mutant_specs().get(spec) if spec.startswith("mutant:") else None) or spec
     if ":" not in target_spec:
         raise ImplementationError(f"--impl: {spec!r} is neither a registered name ({', '.join(registered_names())}) "
                                   "nor a 'module.path:attr' spec")

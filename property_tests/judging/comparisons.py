@@ -25,7 +25,7 @@ import dataclasses
 
 import torch
 
-from mla_fuse_conformance.judging import memory
+from mla_fuse_conformance.cases import memory
 from mla_fuse_reference import fp8 as ref_fp8
 from mla_fuse_reference.rope import pair_indices
 from mla_fuse_reference.rounding import FLOAT_FORMATS

@@ -15,6 +15,7 @@ import dataclasses
 import torch
 
 from mla_fuse_conformance.cases import tensors as builder
+from mla_fuse_conformance.declarations.operations import OPERATIONS
 from mla_fuse_conformance.judging.comparisons import Expectation, Fp8Region, RopeRegion, StoredCopy, rope_bound, rotation_terms
 from mla_fuse_reference import fp8 as ref_fp8
 from mla_fuse_reference import ops as ref_ops
@@ -212,13 +213,8 @@ def expect_rope_and_reshape_and_cache_flash(built: builder.Built, impl) -> Expec
     return expectation
 
 
-EXPECT = {
-    "rotary_embedding": expect_rotary_embedding,
-    "concat_and_cache_mla": expect_concat_and_cache_mla,
-    "concat_and_cache_mla_rope_fused": expect_concat_and_cache_mla_rope_fused,
-    "reshape_and_cache_flash": expect_reshape_and_cache_flash,
-    "rope_and_reshape_and_cache_flash": expect_rope_and_reshape_and_cache_flash,
-}
+# operation -> its expectation, ``expect_<operation>``
+EXPECT = {op: globals()[f"expect_{op}"] for op in OPERATIONS}
 
 
 def expect(operation: str, built: builder.Built, impl) -> Expectation:

@@ -20,7 +20,7 @@ import torch
 from mla_fuse_conformance.cases import tensors as build
 from mla_fuse_conformance.judging import comparisons
 from mla_fuse_conformance.running import checks
-from mla_fuse_conformance.judging import memory
+from mla_fuse_conformance.cases import memory
 from mla_fuse_conformance.judging import oracle
 from mla_fuse_conformance.cases.types import FlashCase, MlaCase, RopeCase, SlotSpec, TableSpec
 

@@ -20,9 +20,9 @@ from mla_fuse.validation import checking_values
 from mla_fuse_conformance.cases import corruptions
 from mla_fuse_conformance.cases import tensors as builder
 from mla_fuse_conformance.cases.types import BadInputCase
-from mla_fuse_conformance.contract.operations import OPERATION_ARGUMENTS
+from mla_fuse_conformance.declarations.operations import OPERATION_ARGUMENTS
 from mla_fuse_conformance.judging import comparisons, oracle
-from mla_fuse_conformance.running.harness import event, target
+from mla_fuse_conformance.running.events import event, target
 
 # The suite builds one buffer per name; the fused MLA op calls its scale buffer kv_cache_scale.
 BUFFER_OF_ARGUMENT = {"kv_cache_scale": "scale"}

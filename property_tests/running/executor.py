@@ -26,6 +26,7 @@ import signal
 from hypothesis import reject
 
 from mla_fuse_conformance.cases import types as case_types
+from mla_fuse_conformance.declarations.property_modules import KERNEL_PROPERTY_MODULES, qualified
 from mla_fuse_conformance.running import recording
 
 
@@ -67,8 +68,7 @@ def crash_description(returncode: int) -> str:
     return f"exit status {returncode}"
 
 
-PRELOAD = ["torch", "mla_fuse_conformance.running.harness", "mla_fuse_conformance.properties.test_mla",
-           "mla_fuse_conformance.properties.test_flash", "mla_fuse_conformance.properties.test_rotary_embedding"]
+PRELOAD = ["torch", "mla_fuse_conformance.running.harness", *map(qualified, KERNEL_PROPERTY_MODULES)]
 
 
 def _context():

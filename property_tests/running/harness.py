@@ -23,44 +23,23 @@ test's own body (``test.hypothesis.inner_test``) with a ``PropertyRun`` of the c
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib
 from typing import Callable
 
 import pytest
 from hypothesis import assume, example
-from hypothesis import event as hypothesis_event
-from hypothesis import note as hypothesis_note
-from hypothesis import target as hypothesis_target
-from hypothesis.errors import InvalidArgument
 
 from mla_fuse_conformance.cases import corruptions, strategies
 from mla_fuse_conformance.cases.features import features
 from mla_fuse_conformance.cases.types import BadInputCase, FlashCase, MlaCase
+from mla_fuse_conformance.declarations.operations import ROTATING_OPERATIONS
+from mla_fuse_conformance.declarations.property_modules import KERNEL_PROPERTY_MODULES, qualified
+from mla_fuse_conformance.running import checks
+from mla_fuse_conformance.running.events import event, note
 from mla_fuse_conformance.running.recording import Recorder
 
 MARK = "mla_fuse"  # @pytest.mark.mla_fuse(*operations, bad_input=False)
-SUITE_PACKAGE = "mla_fuse_conformance"
-PROPERTY_MODULES = ("test_rotary_embedding", "test_mla", "test_flash")  # the kernel properties
-
-
-# ---------------------------------------------------------------- hypothesis calls that also work in a replay
-
-
-def note(text: str) -> None:
-    with contextlib.suppress(InvalidArgument):
-        hypothesis_note(text)
-
-
-def event(text: str) -> None:
-    with contextlib.suppress(InvalidArgument):
-        hypothesis_event(text)
-
-
-def target(value: float, label: str) -> None:
-    with contextlib.suppress(InvalidArgument):
-        hypothesis_target(value, label=label)
 
 
 def examples(cases):
@@ -87,9 +66,6 @@ class RequiredOperationMissing(AssertionError):
     """An operation the implementation must provide (``required``, ``--mla-fuse-require``) is missing: a failure."""
 
 
-ROPE_OPERATIONS = {"rotary_embedding", "concat_and_cache_mla_rope_fused", "rope_and_reshape_and_cache_flash"}
-
-
 @dataclasses.dataclass(frozen=True)
 class Property:
     name: str  # "test_module:function", stable across runs and installs
@@ -102,7 +78,7 @@ class Property:
 
     @property
     def rotates(self) -> bool:
-        return bool(ROPE_OPERATIONS & set(self.operations))
+        return bool(set(ROTATING_OPERATIONS) & set(self.operations))
 
     def project(self, impl, case, capabilities=None):
         """``case`` moved inside what ``impl`` declares for every operation of the property (or
@@ -198,18 +174,12 @@ class PropertyRun:
             recorder.finished()
 
     def against_reference(self, case, operation: str):
-        from mla_fuse_conformance.running import checks
-
         return self.example(case, checks.against_reference, operation)
 
     def fused_equals_unfused(self, case, fused: str):
-        from mla_fuse_conformance.running import checks
-
         return self.example(case, checks.fused_equals_unfused, fused)
 
     def rejects_bad_input(self, case: BadInputCase):
-        from mla_fuse_conformance.running import checks
-
         return self.example(case, checks.rejects_bad_input)
 
 
@@ -249,15 +219,14 @@ def property_named(name: str) -> Property:
     """The property ``test_module:function`` (the same whether pytest imported the module from a
     clone, ``property_tests.properties.test_mla``, or from an installed suite)."""
     module, function = _property_name(name)
-    imported = importlib.import_module(f"{SUITE_PACKAGE}.properties.{module}")
-    return property_of(getattr(imported, function))
+    return property_of(getattr(importlib.import_module(qualified(module)), function))
 
 
 def all_properties() -> dict[str, Property]:
     """Every kernel property of the suite, by name."""
     found = {}
-    for module in PROPERTY_MODULES:
-        imported = importlib.import_module(f"{SUITE_PACKAGE}.properties.{module}")
+    for module in KERNEL_PROPERTY_MODULES:
+        imported = importlib.import_module(qualified(module))
         for attribute, value in vars(imported).items():
             if attribute.startswith("test_") and any(m.name == MARK for m in getattr(value, "pytestmark", ())):
                 prop = property_of(value)

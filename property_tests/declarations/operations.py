@@ -1,6 +1,6 @@
-"""The operations of CONTRACT §4 and the declarations an implementation may make.
+"""The operations of CONTRACT §4 and the declarations an implementation may make about them.
 
-A leaf module: the registry, the harness and the mutants all import it, and it imports nothing of ours.
+A leaf module: the registry, the harness, the strategies and the mutants import it; it imports nothing.
 """
 
 from __future__ import annotations
@@ -24,5 +24,15 @@ OPERATION_ARGUMENTS = {
                                          "slot_mapping", "cos_sin_cache", "is_neox", "kv_cache_dtype", "k_scale",
                                          "v_scale"),
 }
+# The operations that rotate (take positions and a cos/sin table), in OPERATIONS order.
+ROTATING_OPERATIONS = tuple(op for op in OPERATIONS if "cos_sin_cache" in OPERATION_ARGUMENTS[op])
+# The operations that write a paged cache (take a slot_mapping), in OPERATIONS order.
+CACHING_OPERATIONS = tuple(op for op in OPERATIONS if "slot_mapping" in OPERATION_ARGUMENTS[op])
+
 ROUNDING_MODES = ("single", "per_op")
 PADDED_ROW_MODES = ("rotated", "q_only", "skipped")
+# The operations that rotate and write a cache in one call.
+FUSED_OPERATIONS = tuple(op for op in ROTATING_OPERATIONS if op in CACHING_OPERATIONS)
+# Which case type an operation's cases are (cases.types RopeCase, MlaCase, FlashCase).
+FAMILY_OF_OPERATION = {op: "rope" if op not in CACHING_OPERATIONS else "mla" if "kv_cache" in OPERATION_ARGUMENTS[op]
+                       else "flash" for op in OPERATIONS}

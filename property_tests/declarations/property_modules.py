@@ -1,0 +1,23 @@
+"""The property modules under ``mla_fuse_conformance.properties``, by role (names without the package).
+
+``tests/test_layering.py`` checks that every ``properties/test_*.py`` is listed here exactly once,
+so a new property module must be placed: the executor preloads and ``mla-fuse verify`` imports the
+kernel property modules (``running.harness.all_properties`` finds their ``@pytest.mark.mla_fuse``
+tests); the fuzzer
+runs the kernel modules against any implementation and the compile-pass modules only for ``triton``.
+"""
+
+from __future__ import annotations
+
+PROPERTIES_PACKAGE = "mla_fuse_conformance.properties"
+# Plain @given tests marked @pytest.mark.mla_fuse(operations), run against --mla-fuse-impl.
+KERNEL_PROPERTY_MODULES = ("test_rotary_embedding", "test_mla", "test_flash")
+# Plain @given tests of the torch.compile passes (through mla_fuse.ops, not --mla-fuse-impl).
+COMPILE_PASS_MODULES = ("test_compile_passes",)
+# Fixed-case tests of --mla-fuse-impl (no search): addresses past 2^31 elements.
+FIXED_CASE_MODULES = ("test_large_addresses",)
+
+
+def qualified(module: str) -> str:
+    """``test_mla`` -> ``mla_fuse_conformance.properties.test_mla``."""
+    return f"{PROPERTIES_PACKAGE}.{module}"
