@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 from torch import fx
+from torch._dynamo.utils import dynamo_timed
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._inductor.pattern_matcher import stable_topological_sort
 
@@ -29,6 +30,8 @@ from mla_fuse.passes.mla_rope_kvcache_fusion import MLARopeKVCacheFusionPass
 from mla_fuse.passes.rope_kvcache_fusion import RopeKVCacheFusionPass
 from mla_fuse.passes.scatter_split_replace import ScatterSplitReplacementPass
 from mla_fuse.passes.split_coalescing import SplitCoalescingPass
+
+PASSES_TIMER = "mla_fuse.passes"  # compilation_time_metrics key: every pass of one graph, clean-up included
 
 
 class PostGradPassManager(CustomGraphPass):
@@ -46,6 +49,10 @@ class PostGradPassManager(CustomGraphPass):
         self.last_graph: fx.Graph | None = None
 
     def __call__(self, graph: fx.Graph) -> None:
+        with dynamo_timed(PASSES_TIMER):
+            self._run(graph)
+
+    def _run(self, graph: fx.Graph) -> None:
         self.graphs_seen += 1
         for graph_pass in self.passes:
             graph_pass(graph)

@@ -34,12 +34,18 @@ from typing import Callable
 import torch
 import torch._inductor.pattern_matcher as pm
 from torch import fx
+from torch._dynamo.utils import dynamo_timed
 from torch._inductor.fx_passes.post_grad import remove_noop_ops, view_to_reshape
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from mla_fuse.passes.aliasing import foreign_readers, parent
 from mla_fuse.passes.config import ALL_KV_CACHE_DTYPES, FusionConfig
 from mla_fuse.passes.inductor_pass import MlaFusePass
+
+
+# Inductor's compile timers (``torch._dynamo.utils.compilation_time_metrics``, seconds per call).
+SETUP_TIMER = "mla_fuse.pattern_setup"  # tracing and registering patterns
+MATCH_TIMER = "mla_fuse.pattern_match"  # matching and replacing
 
 
 def trace_pattern(*args, **kwargs) -> fx.GraphModule:
@@ -251,5 +257,7 @@ class LazyPatternFusionPass(MlaFusePass):
         if not self.enabled():
             return 0
         unify_symbolic_sizes(graph)
-        self._register_for(graph)
-        return self.patterns.apply(graph)
+        with dynamo_timed(SETUP_TIMER):
+            self._register_for(graph)
+        with dynamo_timed(MATCH_TIMER):
+            return self.patterns.apply(graph)
