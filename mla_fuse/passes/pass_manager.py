@@ -7,7 +7,10 @@ backend on the same post-grad graph). Order:
 2. ``ScatterSplitReplacementPass``  (O1+) rope outputs feed their users directly
 3. ``MLARopeKVCacheFusionPass``     (O2+, flag) MLA rope + cache update -> fused op
 4. ``RopeKVCacheFusionPass``        (O2+, flag) MHA rope + cache update -> fused op
-5. topological sort, then ``DefunctionalizationPass`` (whenever a fusion may run)
+5. topological sort (when a fusion rewrote), then ``DefunctionalizationPass`` (whenever a fusion may run)
+
+A fusion with nothing to match (no update op it may fuse in the graph) traces nothing, runs no
+matcher and changes nothing, so a level-2 compile of such a graph is a level-1 compile.
 
 ``uuid()`` hashes this file, the config and every pass's own uuid, so a changed
 pass or setting never reuses a cached compiled graph. After each graph the
@@ -56,9 +59,11 @@ class PostGradPassManager(CustomGraphPass):
         self.graphs_seen += 1
         for graph_pass in self.passes:
             graph_pass(graph)
-        if any(isinstance(p, (MLARopeKVCacheFusionPass, RopeKVCacheFusionPass)) for p in self.passes):
-            stable_topological_sort(graph)
-            self.defunctionalization(graph)
+        fusions = [p for p in self.passes if isinstance(p, (MLARopeKVCacheFusionPass, RopeKVCacheFusionPass))]
+        if any(p.matched_count for p in fusions):
+            stable_topological_sort(graph)  # a replacement may sit before its inputs
+        if fusions:
+            self.defunctionalization(graph)  # rewrites fused nodes only: none, nothing changes
         graph.eliminate_dead_code()
         graph.lint()
         self.last_graph = _copy(graph)
