@@ -21,13 +21,14 @@ lazily there). Parts of that time, read from the process after the step:
 * ``rest_s``: ``total_s - passes_s`` (dynamo, AOT autograd, Inductor's own passes, code
   generation, C++ compile, the step itself).
 
-``--mode cold``: each subprocess gets its own empty ``TORCHINDUCTOR_CACHE_DIR`` (Inductor's FX
-graph cache and its C++/kernel caches start empty). ``--mode warm``: a first subprocess fills
-a fresh cache directory (not timed), then ``--repeat`` subprocesses reuse it (FX graph cache hit:
-Inductor runs no pass). ``--level 1 2`` alternates the levels inside each repeat (L1, L2, L1,
-L2, ...), so load from other users of the machine falls on both alike.
+Each repeat and level gets a fresh, empty ``TORCHINDUCTOR_CACHE_DIR`` (Inductor's FX graph cache
+and its C++/kernel caches; ``TRITON_CACHE_DIR`` inside it). ``--mode cold``: one subprocess on the
+empty directory. ``--mode warm``: a second subprocess on the directory the first filled (FX graph
+cache hit: Inductor runs no pass); the first is not recorded. ``--mode both`` (default) records
+both. ``--level 1 2`` alternates the levels inside each repeat (L1, L2, L1, L2, ...), so load from
+other users of the machine falls on both alike.
 
-    python benchmarks/bench_startup.py --kind mla --layers 61 --level 1 2 --mode cold --repeat 3
+    python benchmarks/bench_startup.py --kind mla --layers 61 --level 1 2 --mode both --repeat 3
     python benchmarks/bench_startup.py --report               # table (+ plot if matplotlib is there)
 
 Results are appended to ``benchmarks/results/startup.jsonl`` (``--out``), one JSON object a line.
@@ -177,25 +178,27 @@ def run_child(args, level: int, cache_dir: str) -> dict:
 
 def drive(args) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    machine = f"{platform.machine()} {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}"
-    warm_dirs = {}
-    if args.mode == "warm":
-        for level in args.level:
-            warm_dirs[level] = tempfile.mkdtemp(prefix="bench_startup_warm_")
-            run_child(args, level, warm_dirs[level])  # fills the cache; not timed
+    machine = f"{platform.machine()} {os.cpu_count()} cores"
+    modes = ("cold", "warm") if args.mode == "both" else (args.mode,)
     for repeat in range(args.repeat):
         for level in args.level:
-            with tempfile.TemporaryDirectory(prefix="bench_startup_cold_") as cold_dir:
-                result = run_child(args, level, warm_dirs.get(level, cold_dir))
-            row = {"kind": args.kind, "layers": args.layers, "level": level, "fusion": args.fusion,
-                   "mode": args.mode, "repeat": repeat, "load": os.getloadavg()[0], "machine": machine,
-                   "commit": _commit(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **result}
-            with args.out.open("a") as out:
-                out.write(json.dumps(row) + "\n")
-            print(f"{args.kind:6s} {args.layers:3d} L{level} {args.fusion:4s} {args.mode:4s} #{repeat}: "
-                  f"{result['total_s']:7.2f} s (setup {result['setup_s']:.2f}, match {result['match_s']:.2f}, "
-                  f"passes {result['passes_s']:.2f}) graphs {result['graphs']} hits {result['cache_hits']} "
-                  f"{result['counts']}", flush=True)
+            with tempfile.TemporaryDirectory(prefix="bench_startup_") as cache_dir:
+                for mode in ("cold", "warm") if "warm" in modes else modes:
+                    result = run_child(args, level, cache_dir)  # cold: empty cache dir; warm: the cold run's
+                    if mode in modes:
+                        _record(args, machine, level, mode, repeat, result)
+
+
+def _record(args, machine: str, level: int, mode: str, repeat: int, result: dict) -> None:
+    row = {"kind": args.kind, "layers": args.layers, "level": level, "fusion": args.fusion, "mode": mode,
+           "repeat": repeat, "load": os.getloadavg()[0], "machine": machine, "commit": _commit(),
+           "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **result}
+    with args.out.open("a") as out:
+        out.write(json.dumps(row) + "\n")
+    print(f"{args.kind:6s} {args.layers:3d} L{level} {args.fusion:4s} {mode:4s} #{repeat}: "
+          f"{result['total_s']:7.2f} s (setup {result['setup_s']:.2f}, match {result['match_s']:.2f}, "
+          f"passes {result['passes_s']:.2f}) graphs {result['graphs']} hits {result['cache_hits']} "
+          f"load {row['load']:.1f} {result['counts']}", flush=True)
 
 
 def _commit() -> str:
@@ -266,7 +269,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--level", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--fusion", choices=("both", "mla", "mha"), default="both")
-    parser.add_argument("--mode", choices=("cold", "warm"), default="cold")
+    parser.add_argument("--mode", choices=("cold", "warm", "both"), default="both")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--report", action="store_true", help="print the table of --out (and plot it)")
