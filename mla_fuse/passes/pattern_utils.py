@@ -10,11 +10,10 @@ pattern, so the match binds the layer's own name and hands it to the replacement
 one pattern per layer name, and so did this project: set-up grew with depth, and every layer's
 pattern was tried against every layer's rope nodes, so matching grew with its square).
 
-Which update belongs to which rotated q. The q and k chains of a rope meet only at the
-positions and the cos/sin rows; when layers share a rope module, those nodes are shared by
-every layer, and the matcher's search from them for the update could pick any layer's.
-``NearestFirst`` makes it try the candidates nearest after the anchor first (a layer's update
-follows its own rope), and ``binding_is_sound`` still refuses a wrong binding.
+Which update belongs to which rotated q. The pattern reads the cos/sin rows once for q and k, so
+a match binds the update whose k chain reads the very rows the matched q chain read: its own
+layer's (each layer's rope looks its rows up itself, also when layers share one rope module).
+``binding_is_sound`` still refuses any binding that would close a cycle.
 
 Integers in the traced pattern are wildcards for the first match only; torch's
 ``register_replacement`` then re-traces the pattern with the matched shapes (symbolic ones
@@ -50,7 +49,6 @@ from torch import fx
 from torch._dynamo.utils import dynamo_timed
 from torch._inductor.fx_passes.post_grad import remove_noop_ops, view_to_reshape
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._ordered_set import OrderedSet
 
 from mla_fuse.passes.aliasing import foreign_readers, parent
 from mla_fuse.passes.config import ALL_KV_CACHE_DTYPES, FusionConfig
@@ -238,7 +236,7 @@ def register_cached(pattern, key: tuple, patterns: pm.PatternMatcherPass,
                                     scratch, extra_check=pattern.extra_check, pattern_name=pattern.name)
         entries = [entry for listed in scratch.patterns.values() for entry in listed]
         for entry in entries:
-            entry.pattern = NearestFirst(_layer_name_wildcard(entry.pattern, pm.KeywordArg(LAYER_NAME_ARG)))
+            entry.pattern = _layer_name_wildcard(entry.pattern, pm.KeywordArg(LAYER_NAME_ARG))
             entry.extra_check = _checked_first(precheck, entry.extra_check)
         _TRACED[key] = entries
     for entry in entries:
@@ -272,32 +270,6 @@ def _layer_name_wildcard(pattern: pm.PatternExpr, wildcard: pm.PatternExpr) -> p
         raise ValueError(f"mla_fuse pattern: expected a multi-output pattern naming {PATTERN_LAYER_NAME!r} "
                          f"(the layer_name argument), got {pattern}")
     return pattern
-
-
-class NearestFirst(pm.MultiOutputPattern):
-    """A multi-output pattern that looks for each further output among candidates in graph order
-    from its anchor: first the nodes after the anchor, nearest first, then those before it, nearest
-    first (the matcher's own order is the order of the users of an already matched node, which for a
-    rope shared by the layers is layer 0's first)."""
-
-    def __init__(self, pattern: pm.MultiOutputPattern) -> None:
-        super().__init__(pattern.outputs)
-
-    def _match_from_anchors(self, pattern: pm.PatternExpr, ctx: pm.MatchContext) -> pm.MatchResult:
-        anchor = ctx.pattern_to_node.get(self.outputs[0])
-        candidates = list(pattern.find_anchor_nodes(ctx, OrderedSet()))
-        if isinstance(anchor, fx.Node) and all(isinstance(c, fx.Node) for c in candidates):
-            after = sorted(c for c in candidates if c > anchor)
-            before = sorted((c for c in candidates if not c > anchor), reverse=True)
-            candidates = after + before
-        prior = dict(ctx.pattern_to_node)
-        result: pm.MatchResult = pm.FailedMatch("no anchor found")
-        for node in candidates:
-            result = ctx.match(pattern, node)
-            if pm.is_match(result):
-                return result
-            ctx.pattern_to_node = dict(prior)
-        return result
 
 
 def _checked_first(precheck, check):
