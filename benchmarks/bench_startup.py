@@ -21,6 +21,12 @@ lazily there). Parts of that time, read from the process after the step:
 * ``rest_s``: ``total_s - passes_s`` (dynamo, AOT autograd, Inductor's own passes, code
   generation, C++ compile, the step itself).
 
+Wall time is what an engine's start-up waits for, and on a loaded machine it is mostly waiting:
+each row also has ``cpu_s`` (CPU time of the child's own threads over the first call) and
+``process_cpu_s`` (CPU time of the whole child process and the processes it waited for, C++
+compilers included, import and model build included), which load from other users affects less,
+and the machine's 1-minute load average when the row was written.
+
 Each repeat and level gets a fresh, empty ``TORCHINDUCTOR_CACHE_DIR`` (Inductor's FX graph cache
 and its C++/kernel caches; ``TRITON_CACHE_DIR`` inside it). ``--mode cold``: one subprocess on the
 empty directory. ``--mode warm``: a second subprocess on the directory the first filled (FX graph
@@ -42,6 +48,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -153,13 +160,13 @@ def measure(kind: str, num_layers: int, level: int, fusion: str) -> dict:
     compiled = mc.compile(model, level=level, backend="inductor", **flags)
     torch._dynamo.mark_dynamic(positions, 0)
     torch._dynamo.mark_dynamic(hidden, 0)
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     with set_forward_context(caches, slot_mapping=slots):
         compiled(positions, hidden)
-    total = time.perf_counter() - start
+    total, cpu = time.perf_counter() - start, time.process_time() - start_cpu
     parts = {key: sum(compilation_time_metrics.get(name, [])) for key, name in TIMERS.items()}
     records = mc.graph_records(compiled)
-    return {"total_s": total, **parts, "rest_s": total - parts["passes_s"], "graphs": len(records),
+    return {"total_s": total, "cpu_s": cpu, **parts, "rest_s": total - parts["passes_s"], "graphs": len(records),
             "cache_hits": mc.cache_hits(compiled), "counts": mc.match_counts(compiled)}
 
 
@@ -170,10 +177,14 @@ def run_child(args, level: int, cache_dir: str) -> dict:
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache_dir, "TRITON_CACHE_DIR": os.path.join(cache_dir, "triton")}
     command = [sys.executable, __file__, "--child", "--kind", args.kind, "--layers", str(args.layers),
                "--level", str(level), "--fusion", args.fusion]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise RuntimeError(f"bench_startup child failed ({done.returncode}):\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result["process_cpu_s"] = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return result
 
 
 def drive(args) -> None:
