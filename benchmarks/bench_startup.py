@@ -231,22 +231,27 @@ def report(path: Path, plot: Path | None) -> None:
     for row in rows:
         key = (row["kind"], row["fusion"], row["mode"], row["layers"])
         groups.setdefault(key, {}).setdefault(row["level"], []).append(row)
-    print("total s = median [min-max] over n repeats; L2-L1 = difference of medians; setup/match = L2 medians")
-    print(f"{'kind':6s} {'fusion':6s} {'mode':4s} {'layers':>6s} | {'L1 total s':>22s} | {'L2 total s':>22s} | "
-          f"{'L2-L1':>6s} {'%':>6s} | {'setup':>5s} {'match':>5s} {'passes':>6s} | n")
+    print("wall s and cpu s (the child's first call): median [min-max] over n repeats per level; "
+          "L2-L1: difference of medians; setup/match/passes: L2 medians, s; load: median 1-min load average")
+    print(f"{'kind':6s} {'fusion':6s} {'mode':4s} {'layers':>6s} | {'L1 wall s':>20s} | {'L2 wall s':>20s} | "
+          f"{'L2-L1':>6s} {'%':>6s} | {'L1 cpu s':>20s} | {'L2 cpu s':>20s} | {'L2-L1':>6s} | "
+          f"{'setup':>5s} {'match':>5s} {'passes':>6s} | {'load':>4s} | n")
     for key in sorted(groups, key=lambda k: (k[0], k[1], k[2], k[3])):
         by_level = groups[key]
         if 1 not in by_level or 2 not in by_level:
             continue
-        l1 = [r["total_s"] for r in by_level[1]]
-        l2 = [r["total_s"] for r in by_level[2]]
-        delta = statistics.median(l2) - statistics.median(l1)
+        walls = {level: [r["total_s"] for r in by_level[level]] for level in (1, 2)}
+        cpus = {level: [r.get("cpu_s", float("nan")) for r in by_level[level]] for level in (1, 2)}
+        delta = statistics.median(walls[2]) - statistics.median(walls[1])
+        delta_cpu = statistics.median(cpus[2]) - statistics.median(cpus[1])
 
         def med(part):
             return statistics.median(r[part] for r in by_level[2])
-        print(f"{key[0]:6s} {key[1]:6s} {key[2]:4s} {key[3]:6d} | {_spread(l1):>22s} | {_spread(l2):>22s} | "
-              f"{delta:+6.2f} {100 * delta / statistics.median(l1):+5.1f}% | {med('setup_s'):5.2f} "
-              f"{med('match_s'):5.2f} {med('passes_s'):6.2f} | {len(l1)}/{len(l2)}")
+        load = statistics.median(r["load"] for level in (1, 2) for r in by_level[level])
+        print(f"{key[0]:6s} {key[1]:6s} {key[2]:4s} {key[3]:6d} | {_spread(walls[1]):>20s} | {_spread(walls[2]):>20s} | "
+              f"{delta:+6.2f} {100 * delta / statistics.median(walls[1]):+5.1f}% | {_spread(cpus[1]):>20s} | "
+              f"{_spread(cpus[2]):>20s} | {delta_cpu:+6.2f} | {med('setup_s'):5.2f} {med('match_s'):5.2f} "
+              f"{med('passes_s'):6.2f} | {load:4.1f} | {len(walls[1])}/{len(walls[2])}")
     if plot is not None:
         _plot(groups, plot)
 
