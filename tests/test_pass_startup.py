@@ -28,6 +28,7 @@ from mla_fuse_conformance.pass_models import (
 )
 
 FUSION_PASS = {"mla": MLARopeKVCacheFusionPass, "mha": RopeKVCacheFusionPass}
+FLAG = {"mla": "fuse_mla_rope_kvcache", "mha": "fuse_rope_kvcache"}
 OTHER = {"mla": "mha", "mha": "mla"}
 
 
@@ -95,8 +96,7 @@ def _light_compile(kind: str, config: FusionConfig):
 def test_a_fusion_with_nothing_to_match_changes_nothing(kind):
     """A ``kind`` model with only the other kind's fusion on compiles as at O1: the same graph after the
     passes, as many graphs, the same Inductor counters; the fusion traced and registered nothing."""
-    other_only = {f"fuse_{'mla_' if OTHER[kind] == 'mla' else ''}rope_kvcache": True,
-                  f"fuse_{'mla_' if kind == 'mla' else ''}rope_kvcache": False}
+    other_only = {FLAG[OTHER[kind]]: True, FLAG[kind]: False}
     without, without_counters = _light_compile(kind, FusionConfig(level=1))
     pattern_utils.clear_pattern_cache()
     with_other, with_other_counters = _light_compile(kind, FusionConfig(level=2, **other_only))
