@@ -259,6 +259,9 @@ def report(path: Path, plot: Path | None) -> None:
               f"{delta:+6.2f} {100 * delta / statistics.median(walls[1]):+5.1f}% | {_spread(cpus[1]):>20s} | "
               f"{_spread(cpus[2]):>20s} | {delta_cpu:+6.2f} | {med('setup_s'):5.2f} {med('match_s'):5.2f} "
               f"{med('passes_s'):6.2f} | {load:4.1f} | {len(walls[1])}/{len(walls[2])}")
+        steps = {level: [r["step_s"] for r in by_level[level] if "step_s" in r] for level in (1, 2)}
+        if steps[1] and steps[2]:
+            print(f"{'':27s}   second step, wall s: L1 {_spread(steps[1])}, L2 {_spread(steps[2])}")
     if plot is not None:
         _plot(groups, plot)
 
