@@ -229,6 +229,8 @@ def _commit() -> str:
 
 
 def _spread(values: list[float]) -> str:
+    if not values:
+        return "-"
     return f"{statistics.median(values):6.2f} [{min(values):.2f}-{max(values):.2f}]"
 
 
@@ -238,7 +240,8 @@ def report(path: Path, plot: Path | None) -> None:
     for row in rows:
         key = (row["kind"], row["fusion"], row["mode"], row["layers"])
         groups.setdefault(key, {}).setdefault(row["level"], []).append(row)
-    print("wall s and cpu s (the child's first call): median [min-max] over n repeats per level; "
+    print("wall s and cpu s (the child's first call): median [min-max] over n repeats per level (cpu: the rows "
+          "that have it); "
           "L2-L1: difference of medians; setup/match/passes: L2 medians, s; load: median 1-min load average")
     print(f"{'kind':6s} {'fusion':6s} {'mode':4s} {'layers':>6s} | {'L1 wall s':>20s} | {'L2 wall s':>20s} | "
           f"{'L2-L1':>6s} {'%':>6s} | {'L1 cpu s':>20s} | {'L2 cpu s':>20s} | {'L2-L1':>6s} | "
@@ -248,9 +251,9 @@ def report(path: Path, plot: Path | None) -> None:
         if 1 not in by_level or 2 not in by_level:
             continue
         walls = {level: [r["total_s"] for r in by_level[level]] for level in (1, 2)}
-        cpus = {level: [r.get("cpu_s", float("nan")) for r in by_level[level]] for level in (1, 2)}
+        cpus = {level: [r["cpu_s"] for r in by_level[level] if "cpu_s" in r] for level in (1, 2)}  # older rows: none
         delta = statistics.median(walls[2]) - statistics.median(walls[1])
-        delta_cpu = statistics.median(cpus[2]) - statistics.median(cpus[1])
+        delta_cpu = statistics.median(cpus[2]) - statistics.median(cpus[1]) if cpus[1] and cpus[2] else float("nan")
 
         def med(part):
             return statistics.median(r[part] for r in by_level[2])
