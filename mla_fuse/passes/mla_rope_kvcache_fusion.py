@@ -16,7 +16,8 @@ FUSED_MLA_UPDATE = unified_ops.FUSED_MLA_UPDATE
 
 
 class MLARopeKVCacheFusionPattern:
-    """One layer, one rope form, one style. Matched graph (``rope`` = the form's subgraph)::
+    """One rope form, one style, one cache format and geometry, every layer. Matched graph (``rope`` = the
+    form's subgraph; ``NAME`` a wildcard bound by the match, passed to the replacement)::
 
         q_pe_rot, k_pe_rot = rope(positions, q_pe, k_pe, cos_sin_cache, is_neox)
         dummy = unified_mla_kv_cache_update(kv_c, k_pe_rot, NAME, DTYPE, k_scale)
@@ -40,13 +41,12 @@ class MLARopeKVCacheFusionPattern:
 
     EXAMPLE_TOKENS, EXAMPLE_HEADS, EXAMPLE_POSITIONS = 5, 2, 64
 
-    def __init__(self, form: str, is_neox: bool, call_form: pattern_utils.CallForm, layer_name: str,
-                 kv_cache_dtype: str, act_dtype: torch.dtype, table_dtype: torch.dtype, latent_dim: int,
-                 rope_dim: int) -> None:
+    def __init__(self, form: str, is_neox: bool, call_form: pattern_utils.CallForm, kv_cache_dtype: str,
+                 act_dtype: torch.dtype, table_dtype: torch.dtype, latent_dim: int, rope_dim: int) -> None:
         self.form, self.rope = form, rope_forms.FORMS[form]
         self.call_form = call_form
         self.is_neox = is_neox
-        self.layer_name, self.kv_cache_dtype = layer_name, kv_cache_dtype
+        self.kv_cache_dtype = kv_cache_dtype
         self.act_dtype, self.table_dtype = act_dtype, table_dtype
         self.latent_dim, self.rope_dim = latent_dim, rope_dim
 
@@ -61,23 +61,23 @@ class MLARopeKVCacheFusionPattern:
             torch.empty(1, dtype=torch.float32),                             # k_scale
         ]
 
-    def pattern(self, positions, q_pe, k_pe, kv_c, cos_sin_cache, k_scale):
+    def pattern(self, positions, q_pe, k_pe, kv_c, cos_sin_cache, k_scale, layer_name):
         q_pe_rot, k_pe_rot = self.rope(positions, q_pe, k_pe, cos_sin_cache, self.rope_dim, self.rope_dim,
                                        self.is_neox)
-        dummy = self.call_form.call(UNIFIED_MLA_UPDATE, kv_c_normed=kv_c, k_pe=k_pe_rot, layer_name=self.layer_name,
+        dummy = self.call_form.call(UNIFIED_MLA_UPDATE, kv_c_normed=kv_c, k_pe=k_pe_rot, layer_name=layer_name,
                                     kv_cache_dtype=self.kv_cache_dtype, k_scale=k_scale)
         return q_pe_rot, dummy, k_pe_rot
 
-    def replacement(self, positions, q_pe, k_pe, kv_c, cos_sin_cache, k_scale):
+    def replacement(self, positions, q_pe, k_pe, kv_c, cos_sin_cache, k_scale, layer_name):
         fused = auto_functionalized(
             FUSED_MLA_UPDATE, positions=positions, q_pe=q_pe, k_pe=k_pe, kv_c=kv_c, cos_sin_cache=cos_sin_cache,
-            is_neox=self.is_neox, layer_name=self.layer_name, kv_cache_dtype=self.kv_cache_dtype, k_scale=k_scale,
+            is_neox=self.is_neox, layer_name=layer_name, kv_cache_dtype=self.kv_cache_dtype, k_scale=k_scale,
         )
         return fused[1], fused[0], fused[2]
 
     @property
     def name(self) -> str:
-        return f"mla_rope_kvcache[{self.form},{self.is_neox},{self.layer_name}]"
+        return f"mla_rope_kvcache[{self.form},{self.is_neox},{self.kv_cache_dtype}]"
 
     def precheck(self, match: pm.Match) -> bool:
         return pattern_utils.inputs_distinct(match, ("q_pe", "k_pe", "kv_c"))
@@ -90,7 +90,8 @@ class MLARopeKVCacheFusionPattern:
 
 
 class MLARopeKVCacheFusionPass(pattern_utils.LazyPatternFusionPass):
-    """Registers ``MLARopeKVCacheFusionPattern``s for the MLA cache updates it finds, then applies them."""
+    """Registers ``MLARopeKVCacheFusionPattern``s for the forms of the MLA cache updates it finds (one set for
+    all layers of one shape), then applies them."""
 
     name = "mla_rope_kvcache_fusion"
     update_op = UNIFIED_MLA_UPDATE
@@ -98,19 +99,18 @@ class MLARopeKVCacheFusionPass(pattern_utils.LazyPatternFusionPass):
     def enabled(self) -> bool:
         return self.config.mla_rope_kvcache_enabled
 
-    def _register_for(self, graph: fx.Graph) -> None:
+    def _register_for(self, graph: fx.Graph, updates: list[fx.Node]) -> None:
         hint = pattern_utils.hint
-        forms = rope_forms.present(graph)
-        for update in graph.find_nodes(op="call_function", target=UNIFIED_MLA_UPDATE):
+        forms, table_dtypes = rope_forms.present(graph), sorted(pattern_utils.table_dtypes(graph), key=str)
+        configs = set()
+        for update in updates:
             args = call_args(update)
-            if not self.fusable(args["kv_cache_dtype"]):
-                continue
             kv_c, k_pe = args["kv_c_normed"].meta["val"], args["k_pe"].meta["val"]
-            for table_dtype in sorted(pattern_utils.table_dtypes(graph), key=str):
-                config = (pattern_utils.CallForm.of(update), args["layer_name"], args["kv_cache_dtype"], kv_c.dtype,
-                          table_dtype, hint(kv_c.size(-1)), hint(k_pe.size(-1)))
-                for form, is_neox in forms:
-                    self.register(MLARopeKVCacheFusionPattern(form, is_neox, *config), (form, is_neox, *config))
+            configs |= {(pattern_utils.CallForm.of(update), args["kv_cache_dtype"], kv_c.dtype, table_dtype,
+                         hint(kv_c.size(-1)), hint(k_pe.size(-1))) for table_dtype in table_dtypes}
+        for config in sorted(configs, key=repr):
+            for form, is_neox in forms:
+                self.register(MLARopeKVCacheFusionPattern(form, is_neox, *config), (form, is_neox, *config))
 
     def uuid_sources(self):
         return (*super().uuid_sources(), pattern_utils, rope_forms, aliasing, rotary_embedding, unified_ops,

@@ -7,7 +7,10 @@ backend on the same post-grad graph). Order:
 2. ``ScatterSplitReplacementPass``  (O1+) rope outputs feed their users directly
 3. ``MLARopeKVCacheFusionPass``     (O2+, flag) MLA rope + cache update -> fused op
 4. ``RopeKVCacheFusionPass``        (O2+, flag) MHA rope + cache update -> fused op
-5. topological sort, then ``DefunctionalizationPass`` (whenever a fusion may run)
+5. topological sort (when a fusion rewrote), then ``DefunctionalizationPass`` (whenever a fusion may run)
+
+A fusion with nothing to match (no update op it may fuse in the graph) traces nothing, runs no
+matcher and changes nothing, so a level-2 compile of such a graph is a level-1 compile.
 
 ``uuid()`` hashes this file, the config and every pass's own uuid, so a changed
 pass or setting never reuses a cached compiled graph. After each graph the
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import torch
 from torch import fx
+from torch._dynamo.utils import dynamo_timed
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._inductor.pattern_matcher import stable_topological_sort
 
@@ -29,6 +33,8 @@ from mla_fuse.passes.mla_rope_kvcache_fusion import MLARopeKVCacheFusionPass
 from mla_fuse.passes.rope_kvcache_fusion import RopeKVCacheFusionPass
 from mla_fuse.passes.scatter_split_replace import ScatterSplitReplacementPass
 from mla_fuse.passes.split_coalescing import SplitCoalescingPass
+
+PASSES_TIMER = "mla_fuse.passes"  # compilation_time_metrics key: every pass of one graph, clean-up included
 
 
 class PostGradPassManager(CustomGraphPass):
@@ -46,12 +52,18 @@ class PostGradPassManager(CustomGraphPass):
         self.last_graph: fx.Graph | None = None
 
     def __call__(self, graph: fx.Graph) -> None:
+        with dynamo_timed(PASSES_TIMER):
+            self._run(graph)
+
+    def _run(self, graph: fx.Graph) -> None:
         self.graphs_seen += 1
         for graph_pass in self.passes:
             graph_pass(graph)
-        if any(isinstance(p, (MLARopeKVCacheFusionPass, RopeKVCacheFusionPass)) for p in self.passes):
-            stable_topological_sort(graph)
-            self.defunctionalization(graph)
+        fusions = [p for p in self.passes if isinstance(p, (MLARopeKVCacheFusionPass, RopeKVCacheFusionPass))]
+        if any(p.matched_count for p in fusions):
+            stable_topological_sort(graph)  # a replacement may sit before its inputs
+        if fusions:
+            self.defunctionalization(graph)  # rewrites fused nodes only: none, nothing changes
         graph.eliminate_dead_code()
         graph.lint()
         self.last_graph = _copy(graph)

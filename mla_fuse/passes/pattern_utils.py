@@ -1,29 +1,41 @@
 """Shared machinery of the two RoPE + KV-cache fusion passes.
 
-Patterns are registered lazily, per graph: the pass reads the cache-update
-nodes present (their layer name and ``kv_cache_dtype`` are string literals in
-the graph, so each layer gets its own patterns, as in vLLM) and traces one
-pattern per (layer, rope form, style) it has not registered yet, under a fake
-mode with example shapes taken from the update node. Integers in the traced
-pattern are wildcards for the first match only; torch's ``register_replacement``
-then re-traces the pattern with the matched shapes (symbolic ones included)
-and requires an exact match, so head sizes, slice bounds and ``is_neox`` are
-checked literally.
+Patterns are registered lazily, per graph, once per *form*: the pass reads the cache-update
+nodes present and traces one pattern per (rope form, style, cache format, geometry) it has not
+registered yet, under a fake mode with example shapes taken from the update node. The layer
+name is not part of a pattern: it is the pattern function's last argument, traced as a
+sentinel string and turned into a wildcard (``KeywordArg("layer_name")``) in the traced
+pattern, so the match binds the layer's own name and hands it to the replacement. A model of
+61 layers of one shape registers what a model of 1 layer registers (issue 19; vLLM registers
+one pattern per layer name, and so did this project: set-up grew with depth, and every layer's
+pattern was tried against every layer's rope nodes, so matching grew with its square).
 
-Cost. Tracing a pattern takes ~0.3 s (``make_fx`` with Inductor's decompositions),
-and each pattern is traced again, with the matched shapes, for every candidate
-match. So only the rope forms and styles the graph shows are registered
-(``rope_forms.present``), traced patterns are kept for the process
-(``register_cached``, keyed by everything the pattern depends on), and the
-binding checks that need no shapes run before the re-trace.
+Which update belongs to which rotated q. The pattern reads the cos/sin rows once for q and k, so
+a match binds the update whose k chain reads the very rows the matched q chain read: its own
+layer's (each layer's rope looks its rows up itself, also when layers share one rope module).
+``binding_is_sound`` still refuses any binding that would close a cycle.
 
-Dynamic token counts. The re-traced pattern takes each distinct symbolic size
-as one input, but a graph compiled with a dynamic token count may hold several
-nodes for the same size (dynamo makes one placeholder per input whose size it
-is: the hidden states' and the positions'; Inductor adds ``sym_size`` calls), and
-a rope that reads ``x.size(0)`` in one place and ``positions.size(0)`` in another
-uses two of them. ``unify_symbolic_sizes`` first points every use of a size at
-the first node holding it, so one pattern input binds them all.
+Integers in the traced pattern are wildcards for the first match only; torch's
+``register_replacement`` then re-traces the pattern with the matched shapes (symbolic ones
+included) and the matched layer name, and requires an exact match, so head sizes, slice
+bounds, ``is_neox`` and the layer are checked literally.
+
+Cost. Tracing a pattern takes ~0.1-0.3 s (``make_fx`` with Inductor's decompositions), and
+each pattern is traced again, with the matched shapes, for every candidate match. So only the
+rope forms and styles the graph shows are registered (``rope_forms.present``), traced patterns
+are kept for the process (``register_cached``, keyed by everything the pattern depends on), and
+the binding checks that need no shapes run before the re-trace. A pass whose graph has no
+update it could fuse registers nothing, runs no matcher and leaves the graph as it was.
+Inductor's compile timers (``torch._dynamo.utils.compilation_time_metrics``) get the set-up
+(``SETUP_TIMER``) and the matching (``MATCH_TIMER``).
+
+Dynamic token counts. The re-traced pattern takes each distinct symbolic size as one input, but
+a graph compiled with a dynamic token count may hold several nodes for the same size (dynamo
+makes one placeholder per input whose size it is: the hidden states' and the positions';
+Inductor adds ``sym_size`` calls), and a rope that reads ``x.size(0)`` in one place and
+``positions.size(0)`` in another uses two of them. ``unify_symbolic_sizes`` first points every
+use of a size at the first node holding it, so one pattern input binds them all (undone when
+nothing matched).
 """
 
 from __future__ import annotations
@@ -34,12 +46,19 @@ from typing import Callable
 import torch
 import torch._inductor.pattern_matcher as pm
 from torch import fx
+from torch._dynamo.utils import dynamo_timed
 from torch._inductor.fx_passes.post_grad import remove_noop_ops, view_to_reshape
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from mla_fuse.passes.aliasing import foreign_readers, parent
 from mla_fuse.passes.config import ALL_KV_CACHE_DTYPES, FusionConfig
+from mla_fuse.passes.fx_utils import call_args
 from mla_fuse.passes.inductor_pass import MlaFusePass
+
+
+# Inductor's compile timers (``torch._dynamo.utils.compilation_time_metrics``, seconds per call).
+SETUP_TIMER = "mla_fuse.pattern_setup"  # tracing and registering patterns
+MATCH_TIMER = "mla_fuse.pattern_match"  # matching and replacing
 
 
 def trace_pattern(*args, **kwargs) -> fx.GraphModule:
@@ -89,11 +108,12 @@ def no_foreign_readers(match: pm.Match, mutated_names: tuple[str, ...]) -> bool:
 
 
 
-def unify_symbolic_sizes(graph: fx.Graph) -> int:
+def unify_symbolic_sizes(graph: fx.Graph) -> list[tuple[fx.Node, tuple, dict]]:
     """Point every use of a node whose value is a symbolic size at the first node with the same
-    size (the graph holds one per dynamic input, plus ``sym_size`` calls). Returns the rewrites."""
+    size (the graph holds one per dynamic input, plus ``sym_size`` calls). Returns each rewritten
+    user with its arguments as they were (``restore_symbolic_sizes`` undoes the rewrites)."""
     first: dict = {}
-    rewritten = 0
+    edits: list[tuple[fx.Node, tuple, dict]] = []
     for node in graph.nodes:
         val = node.meta.get("val")
         if not isinstance(val, torch.SymInt):
@@ -101,10 +121,17 @@ def unify_symbolic_sizes(graph: fx.Graph) -> int:
         expr = val.node.expr
         if expr not in first:
             first[expr] = node
-        elif node.users:
-            node.replace_all_uses_with(first[expr])
-            rewritten += 1
-    return rewritten
+            continue
+        for user in list(node.users):
+            edits.append((user, user.args, dict(user.kwargs)))
+            user.replace_input_with(node, first[expr])
+    return edits
+
+
+def restore_symbolic_sizes(edits) -> None:
+    """Undo ``unify_symbolic_sizes`` (its users' arguments as they were), latest edit first."""
+    for user, args, kwargs in reversed(edits or ()):
+        user.args, user.kwargs = args, kwargs
 
 
 def inputs_distinct(match: pm.Match, names: tuple[str, ...]) -> bool:
@@ -178,30 +205,71 @@ def table_lookups(graph: fx.Graph) -> list[fx.Node]:
 
 _TRACED: dict[tuple, list[pm.PatternEntry]] = {}
 
+LAYER_NAME_ARG = "layer_name"
+PATTERN_LAYER_NAME = "<mla_fuse pattern layer>"  # traced in place of a layer name, then made a wildcard
+
 
 def clear_pattern_cache() -> None:
     """Forget the traced patterns (a changed pattern class must be traced again)."""
     _TRACED.clear()
 
 
+def traced_pattern_count() -> int:
+    """How many patterns this process has traced since the last ``clear_pattern_cache``."""
+    return len(_TRACED)
+
+
 def register_cached(pattern, key: tuple, patterns: pm.PatternMatcherPass,
                     precheck: Callable[[pm.Match], bool]) -> None:
-    """Register ``pattern`` (``.pattern``/``.replacement``/``.example_inputs()``/``.extra_check``/``.name``)
-    into ``patterns``, tracing it only the first time ``key`` is seen in this process. ``precheck`` runs
-    on the structural match, before torch re-traces the pattern with the matched shapes."""
+    """Register ``pattern`` (``.pattern``/``.replacement``/``.example_inputs()``/``.extra_check``/``.name``;
+    ``pattern`` and ``replacement`` take the tensors of ``example_inputs()`` then ``layer_name``) into
+    ``patterns``, tracing it only the first time ``key`` is seen in this process. The traced layer
+    name becomes a wildcard bound by the match. ``precheck`` runs on the structural match, before torch
+    re-traces the pattern with the matched shapes and layer name."""
     key = (*key, torch._inductor.config.emulate_precision_casts)  # it changes Inductor's canonical form
     entries = _TRACED.get(key)
     if entries is None:
         scratch = pm.PatternMatcherPass()
         with fake_mode():
-            pm.register_replacement(pattern.pattern, pattern.replacement, pattern.example_inputs(), trace_pattern,
+            pm.register_replacement(pattern.pattern, pattern.replacement,
+                                    [*pattern.example_inputs(), PATTERN_LAYER_NAME], trace_pattern,
                                     scratch, extra_check=pattern.extra_check, pattern_name=pattern.name)
         entries = [entry for listed in scratch.patterns.values() for entry in listed]
         for entry in entries:
+            entry.pattern = _layer_name_wildcard(entry.pattern, pm.KeywordArg(LAYER_NAME_ARG))
             entry.extra_check = _checked_first(precheck, entry.extra_check)
         _TRACED[key] = entries
     for entry in entries:
         entry.register(patterns)
+
+
+def _layer_name_wildcard(pattern: pm.PatternExpr, wildcard: pm.PatternExpr) -> pm.MultiOutputPattern:
+    """``pattern`` with ``PATTERN_LAYER_NAME`` literals replaced by ``wildcard`` (in place)."""
+    seen: set[int] = set()
+    replaced = 0
+
+    def visit(node) -> None:
+        nonlocal replaced
+        if not isinstance(node, pm.PatternExpr) or id(node) in seen:
+            return
+        seen.add(id(node))
+        if isinstance(node, pm.MultiOutputPattern):
+            for output in node.outputs:
+                visit(output)
+        if isinstance(node, pm._TargetArgsExpr):
+            if PATTERN_LAYER_NAME in node.args or PATTERN_LAYER_NAME in node.kwargs.values():
+                node.args = tuple(wildcard if a == PATTERN_LAYER_NAME else a for a in node.args)
+                node.kwargs = {k: wildcard if v == PATTERN_LAYER_NAME else v for k, v in node.kwargs.items()}
+                node.flat_args_kwargs = node.flatten(node.args, node.kwargs)
+                replaced += 1
+            for child in (*node.args, *node.kwargs.values()):
+                visit(child)
+
+    visit(pattern)
+    if not replaced or not isinstance(pattern, pm.MultiOutputPattern):
+        raise ValueError(f"mla_fuse pattern: expected a multi-output pattern naming {PATTERN_LAYER_NAME!r} "
+                         f"(the layer_name argument), got {pattern}")
+    return pattern
 
 
 def _checked_first(precheck, check):
@@ -217,7 +285,10 @@ def hint(size) -> int:
 
 class LazyPatternFusionPass(MlaFusePass):
     """A fusion whose patterns are registered per graph, for the geometries its cache updates show
-    (head sizes, rotary widths, cache formats), then applied; each key is registered once."""
+    (head sizes, rotary widths, cache formats; not the layer names), then applied; each key is
+    registered once. Subclasses set ``update_op``."""
+
+    update_op = None
 
     def __init__(self, config: FusionConfig | None = None) -> None:
         super().__init__()
@@ -237,8 +308,8 @@ class LazyPatternFusionPass(MlaFusePass):
         """The config flag of this fusion."""
 
     @abc.abstractmethod
-    def _register_for(self, graph: fx.Graph) -> None:
-        """Register the patterns this graph's cache updates need (through ``register``)."""
+    def _register_for(self, graph: fx.Graph, updates: list[fx.Node]) -> None:
+        """Register the patterns ``updates`` (this graph's fusable cache updates) need (through ``register``)."""
 
     def register(self, pattern, key: tuple) -> None:
         """``pattern`` into this pass, once per ``key`` (traced once per process)."""
@@ -247,9 +318,31 @@ class LazyPatternFusionPass(MlaFusePass):
             self._registered.add(key)
             register_cached(pattern, key, self.patterns, pattern.precheck)
 
+    @property
+    def registered(self) -> int:
+        """Patterns this pass has registered (one per form; never per layer)."""
+        return len(self._registered)
+
+    def fusable_updates(self, graph: fx.Graph) -> list[fx.Node]:
+        """The graph's ``update_op`` calls with a cache format this pass may fuse."""
+        return [node for node in graph.find_nodes(op="call_function", target=self.update_op)
+                if self.fusable(call_args(node)["kv_cache_dtype"])]
+
     def run(self, graph: fx.Graph) -> int:
+        """Nothing to fuse (pass off, no update it may fuse): nothing registered, no matcher, the graph as it
+        was. Else register this graph's forms, unify symbolic sizes, match; no match: sizes restored."""
         if not self.enabled():
             return 0
-        unify_symbolic_sizes(graph)
-        self._register_for(graph)
-        return self.patterns.apply(graph)
+        updates = self.fusable_updates(graph)
+        if not updates:
+            return 0
+        with dynamo_timed(SETUP_TIMER):
+            self._register_for(graph, updates)
+        if not self.patterns.patterns:
+            return 0
+        edits = unify_symbolic_sizes(graph)
+        with dynamo_timed(MATCH_TIMER):
+            count = self.patterns.apply(graph)
+        if not count:
+            restore_symbolic_sizes(edits)
+        return count

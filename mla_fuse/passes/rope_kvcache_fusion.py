@@ -16,8 +16,9 @@ FUSED_UPDATE = unified_ops.FUSED_UPDATE
 
 
 class RopeKVCacheFusionPattern:
-    """One layer, one rope form, one style. Matched graph (``rope`` = the form's subgraph;
-    q ``[T, H*D]``, k ``[T, Hkv*D]``, value ``[T, Hkv, Dv]``; ``heads`` = ``mha.heads``)::
+    """One rope form, one style, one cache format and geometry, every layer. Matched graph (``rope`` = the
+    form's subgraph; q ``[T, H*D]``, k ``[T, Hkv*D]``, value ``[T, Hkv, Dv]``; ``heads`` = ``mha.heads``;
+    ``NAME`` a wildcard bound by the match, passed to the replacement)::
 
         q_rot, k_rot = rope(positions, q, k, cos_sin_cache, head_size=D, is_neox)
         dummy = unified_kv_cache_update(heads(k_rot, Hkv, D), value, NAME[, DTYPE])
@@ -39,13 +40,13 @@ class RopeKVCacheFusionPattern:
 
     EXAMPLE_TOKENS, EXAMPLE_HEADS, EXAMPLE_POSITIONS = 5, 2, 64
 
-    def __init__(self, form: str, is_neox: bool, call_form: pattern_utils.CallForm, layer_name: str,
-                 kv_cache_dtype: str | None, act_dtype: torch.dtype, table_dtype: torch.dtype, kv_heads: int,
-                 head_size: int, value_head_size: int, rotary_dim: int) -> None:
+    def __init__(self, form: str, is_neox: bool, call_form: pattern_utils.CallForm, kv_cache_dtype: str | None,
+                 act_dtype: torch.dtype, table_dtype: torch.dtype, kv_heads: int, head_size: int,
+                 value_head_size: int, rotary_dim: int) -> None:
         self.form, self.rope = form, rope_forms.FORMS[form]
         self.call_form = call_form
         self.is_neox = is_neox
-        self.layer_name, self.kv_cache_dtype = layer_name, kv_cache_dtype
+        self.kv_cache_dtype = kv_cache_dtype
         self.act_dtype, self.table_dtype = act_dtype, table_dtype
         self.kv_heads, self.head_size, self.value_head_size, self.rotary_dim = (
             kv_heads, head_size, value_head_size, rotary_dim)
@@ -60,22 +61,22 @@ class RopeKVCacheFusionPattern:
             torch.empty(self.EXAMPLE_POSITIONS, self.rotary_dim, dtype=self.table_dtype),  # cos_sin_cache
         ]
 
-    def pattern(self, positions, q, k, value, cos_sin_cache):
+    def pattern(self, positions, q, k, value, cos_sin_cache, layer_name):
         q_rot, k_rot = self.rope(positions, q, k, cos_sin_cache, self.head_size, self.rotary_dim, self.is_neox)
         dummy = self.call_form.call(UNIFIED_UPDATE, key=mha.heads(k_rot, self.kv_heads, self.head_size),
-                                    value=value, layer_name=self.layer_name, kv_cache_dtype=self.kv_cache_dtype)
+                                    value=value, layer_name=layer_name, kv_cache_dtype=self.kv_cache_dtype)
         return q_rot, dummy, k_rot
 
-    def replacement(self, positions, q, k, value, cos_sin_cache):
+    def replacement(self, positions, q, k, value, cos_sin_cache, layer_name):
         fused = auto_functionalized(
             FUSED_UPDATE, query=q, key=k, value=value, positions=positions, cos_sin_cache=cos_sin_cache,
-            is_neox=self.is_neox, layer_name=self.layer_name, kv_cache_dtype=self.kv_cache_dtype,
+            is_neox=self.is_neox, layer_name=layer_name, kv_cache_dtype=self.kv_cache_dtype,
         )
         return fused[1], fused[0], fused[2]
 
     @property
     def name(self) -> str:
-        return f"rope_kvcache[{self.form},{self.is_neox},{self.layer_name}]"
+        return f"rope_kvcache[{self.form},{self.is_neox},{self.kv_cache_dtype}]"
 
     def precheck(self, match: pm.Match) -> bool:
         return pattern_utils.inputs_distinct(match, ("q", "k", "value"))
@@ -88,7 +89,8 @@ class RopeKVCacheFusionPattern:
 
 
 class RopeKVCacheFusionPass(pattern_utils.LazyPatternFusionPass):
-    """Registers ``RopeKVCacheFusionPattern``s for the MHA cache updates it finds, then applies them."""
+    """Registers ``RopeKVCacheFusionPattern``s for the forms of the MHA cache updates it finds (one set for all
+    layers of one shape), then applies them."""
 
     name = "rope_kvcache_fusion"
     update_op = UNIFIED_UPDATE
@@ -103,23 +105,23 @@ class RopeKVCacheFusionPass(pattern_utils.LazyPatternFusionPass):
                 for node in find_auto_functionalized(graph, torch.ops.mla_fuse.rotary_embedding.default)}
         return dims | {hint(node.args[0].meta["val"].size(-1)) for node in pattern_utils.table_lookups(graph)}
 
-    def _register_for(self, graph: fx.Graph) -> None:
+    def _register_for(self, graph: fx.Graph, updates: list[fx.Node]) -> None:
         hint = pattern_utils.hint
         rotary_dims, forms = self._rotary_dims(graph), rope_forms.present(graph)
-        for update in graph.find_nodes(op="call_function", target=UNIFIED_UPDATE):
+        table_dtypes = sorted(pattern_utils.table_dtypes(graph), key=str)
+        configs = set()
+        for update in updates:
             args = call_args(update)
-            if not self.fusable(args["kv_cache_dtype"]):
-                continue
             key, value = args["key"].meta["val"], args["value"].meta["val"]
             if key.dim() != 3 or value.dim() != 3:
                 continue  # the pattern reaches the update through heads(k_rot): [T, Hkv, D]
             kv_heads, head_size = hint(key.size(1)), hint(key.size(2))
-            for rotary_dim in sorted(d for d in rotary_dims if d <= head_size):
-                for table_dtype in sorted(pattern_utils.table_dtypes(graph), key=str):
-                    config = (pattern_utils.CallForm.of(update), args["layer_name"], args["kv_cache_dtype"],
-                              key.dtype, table_dtype, kv_heads, head_size, hint(value.size(-1)), rotary_dim)
-                    for form, is_neox in forms:
-                        self.register(RopeKVCacheFusionPattern(form, is_neox, *config), (form, is_neox, *config))
+            configs |= {(pattern_utils.CallForm.of(update), args["kv_cache_dtype"], key.dtype, table_dtype, kv_heads,
+                         head_size, hint(value.size(-1)), rotary_dim)
+                        for rotary_dim in rotary_dims if rotary_dim <= head_size for table_dtype in table_dtypes}
+        for config in sorted(configs, key=repr):
+            for form, is_neox in forms:
+                self.register(RopeKVCacheFusionPattern(form, is_neox, *config), (form, is_neox, *config))
 
     def uuid_sources(self):
         return (*super().uuid_sources(), pattern_utils, rope_forms, aliasing, rotary_embedding, mha, unified_ops,

@@ -80,7 +80,7 @@ def _too_broad():
 def _report_without_rewriting(self, graph):
     if not self.enabled():
         return 0
-    self._register_for(graph)
+    self._register_for(graph, self.fusable_updates(graph))
     return sum(self.fusable(call_args(node)["kv_cache_dtype"])
                for node in graph.find_nodes(op="call_function", target=self.update_op))
 
@@ -118,16 +118,13 @@ def _swapped_outputs(self, *args):
 
 
 def _first_layer_of_its_kind(replacement):
-    """The replacement names the first layer its pass saw (of the same kind) instead of its own."""
+    """The replacement names the first layer its pass saw (of the same kind) instead of its own
+    (``layer_name``, bound by the match, is the replacement's last argument)."""
     first: dict[type, str] = {}
 
     def wrapped(self, *args):
-        own = self.layer_name
-        self.layer_name = first.setdefault(type(self), own)
-        try:
-            return replacement(self, *args)
-        finally:
-            self.layer_name = own
+        *tensors, own = args
+        return replacement(self, *tensors, first.setdefault(type(self), own))
     return wrapped
 
 
@@ -171,11 +168,11 @@ def _(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, layer_name, kv_cache_
     return kv_c.new_empty(0)
 
 
-def _replacement_trusting_an_undeclared_write(self, positions, q_pe, k_pe, kv_c, cos_sin_cache, k_scale):
+def _replacement_trusting_an_undeclared_write(self, positions, q_pe, k_pe, kv_c, cos_sin_cache, k_scale, layer_name):
     """The op rotates q_pe in place without declaring it; the replacement takes q_pe as the result."""
     fused = torch.ops.higher_order.auto_functionalized(
         _omits_q_pe_op._opoverload, positions=positions, q_pe=q_pe, k_pe=k_pe, kv_c=kv_c, cos_sin_cache=cos_sin_cache,
-        is_neox=self.is_neox, layer_name=self.layer_name, kv_cache_dtype=self.kv_cache_dtype, k_scale=k_scale)
+        is_neox=self.is_neox, layer_name=layer_name, kv_cache_dtype=self.kv_cache_dtype, k_scale=k_scale)
     return q_pe, fused[0], fused[1]
 
 
