@@ -10,7 +10,7 @@
 # on the 2-core development machine, the SGLang set being the longest.
 # pip runs --isolated: a developer's pip configuration (a local torch cap, a local index) plays
 # no part, the answer is PyPI's.
-# Usage: ci/engine_pins.sh
+# Usage: ci/engine_pins.sh ["PIN PIN ..." ...]   (default: the sets below)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,6 +21,9 @@ PIN_SETS=(
     "torch==2.14.0 triton==3.8.0"
     "torch==2.13.0 triton==3.7.1"                    # the CUDA build of torch 2.13.0 requires triton 3.7.1
 )
+if [ $# -gt 0 ]; then
+    PIN_SETS=("$@")
+fi
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
@@ -32,7 +35,7 @@ pids=()
 for index in "${!PIN_SETS[@]}"; do
     # shellcheck disable=SC2086  # a pin set is several requirements
     ( start=$SECONDS
-      if "$work/pip/bin/python" -m pip install --isolated --dry-run --ignore-installed --quiet \
+      if "$work/pip/bin/python" -m pip install --isolated --dry-run --ignore-installed \
              --use-feature=fast-deps --report "$work/$index.json" ".[test]" ${PIN_SETS[$index]} \
              >"$work/$index.log" 2>&1; then
           echo ok >"$work/$index.status"
@@ -56,7 +59,12 @@ EOF
         echo "resolves: .[test] with $pins -> $resolved (${seconds} s)"
     else
         echo "DOES NOT RESOLVE: .[test] with $pins (${seconds} s); pip said:"
-        grep -v "^\s*$" "$work/$index.log" | tail -n 25 | sed 's/^/    /'
+        conflict="$(sed -n '/conflict is caused by/,$p' "$work/$index.log" | head -n 40)"
+        if [ -n "$conflict" ]; then
+            echo "$conflict" | sed 's/^/    /'
+        else  # not a conflict (the index unreachable, say): pip's last words
+            tail -n 15 "$work/$index.log" | sed 's/^/    /'
+        fi
         status=1
     fi
 done
