@@ -32,16 +32,15 @@ case "${1:-}" in
 esac
 
 rm -rf .venv-leg
-python3 -m venv .venv-leg
-.venv-leg/bin/python -m pip install -q "${pins[@]}" -e ".[test]"
-.venv-leg/bin/python -m pip list 2>/dev/null | grep -iE "^(torch|triton|hypothesis|pytest|pytest-xdist) "
+python3 -m venv .venv-leg && . .venv-leg/bin/activate   # the suite runs `mla-fuse` from PATH
+pip install -q "${pins[@]}" -e ".[test]"
+pip list 2>/dev/null | grep -iE "^(torch|triton|hypothesis|pytest|pytest-xdist) "
 
 # The kernels, the custom ops and the interpreter's conversions (needs only the test extra).
-.venv-leg/bin/python -m pytest tests/test_kernels.py tests/test_custom_ops.py \
+python -m pytest tests/test_kernels.py tests/test_custom_ops.py \
     tests/test_interpreter_conversions.py "${unit_tests[@]}" -n auto -q -p no:cacheprovider
 
 # The suite as a team runs it: from a directory of its own, through the installed plugin. Failure
 # files land in reports/version-leg/.mla_fuse_failures (uploaded with the reports).
 rm -rf reports/version-leg && mkdir -p reports/version-leg
-(cd reports/version-leg && ../../.venv-leg/bin/python -m pytest --pyargs mla_fuse_conformance -n auto -q \
-    "${suite_selection[@]}")
+(cd reports/version-leg && python -m pytest --pyargs mla_fuse_conformance -n auto -q "${suite_selection[@]}")
