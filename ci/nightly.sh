@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
-# One step of the nightly campaign (.github/workflows/nightly.yml, docs/FUZZING.md).
-#   ci/nightly.sh campaign   fuzz for $CAMPAIGN_MINUTES (default 240) against $CAMPAIGN_IMPL (default
-#                            triton), one worker per GPU; summary and logs in reports/fuzz/, replay
-#                            files in .mla_fuse_failures/; exit status 1 when a property failed
-#   ci/nightly.sh export     the whole shared database as reports/fuzz-database.zip
+# One step of the nightly workflow (.github/workflows/nightly.yml, docs/FUZZING.md).
+#   ci/nightly.sh campaign      fuzz for $CAMPAIGN_MINUTES (default 240) against $CAMPAIGN_IMPL (default
+#                               triton), one worker per GPU; summary and logs in reports/fuzz/, replay
+#                               files in .mla_fuse_failures/; exit status 1 when a property failed
+#   ci/nightly.sh export        the whole shared database as reports/fuzz-database.zip
+#   ci/nightly.sh engine-torch  the engine leg (ci/version_leg.sh engine): torch 2.14.1 + triton 3.8.0,
+#                               what vLLM 0.33 and SGLang 0.5.23 install (README "Versions")
 # The shared database is $MLA_FUSE_HYPOTHESIS_DB (redis://[:password@]host:port/db).
-# Installs the CUDA build of torch 2.13.0 (the CPU pin of .ci/run would not see the GPUs).
+# The campaign installs the CUDA build of torch 2.13.0 (the CPU pin of .ci/run would not see the
+# GPUs) with the triton it requires (3.7.1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = engine-torch ]; then
+    exec bash ci/version_leg.sh engine
+fi
 : "${MLA_FUSE_HYPOTHESIS_DB:?set MLA_FUSE_HYPOTHESIS_DB to the shared database (redis://host:port/db)}"
 python3 -m venv .venv && . .venv/bin/activate
-pip install -q torch==2.13.0 triton==3.9.0 -e ".[test]"
+pip install -q torch==2.13.0 -e ".[fuzz]"
 case "${1:-}" in
     campaign)
         mla-fuse fuzz --impl "${CAMPAIGN_IMPL:-triton}" --minutes "${CAMPAIGN_MINUTES:-240}" \
@@ -19,6 +25,6 @@ case "${1:-}" in
         mkdir -p reports
         mla-fuse db export reports/fuzz-database.zip --db "$MLA_FUSE_HYPOTHESIS_DB" ;;
     *)
-        echo "usage: ci/nightly.sh campaign|export" >&2
+        echo "usage: ci/nightly.sh campaign|export|engine-torch" >&2
         exit 2 ;;
 esac

@@ -48,3 +48,39 @@ def test_cpu_job_uploads_database_failures_and_reports(artifact):
     upload = next(step for step in workflow()["jobs"]["cpu"]["steps"] if step.get("uses", "").startswith(
         "actions/upload-artifact"))
     assert artifact in upload["with"]["path"].split()
+
+
+def ci_run_lines() -> list[str]:
+    return [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
+            if line.strip() and not line.startswith("#")]
+
+
+def test_ci_run_checks_the_engine_pins_and_the_oldest_releases_before_the_tests():
+    lines = ci_run_lines()
+    for command in ("bash ci/engine_pins.sh", "bash ci/version_leg.sh oldest"):
+        assert any(line.startswith(command) for line in lines[:-1]), \
+            f".ci/run does not run {command!r} before the test command"
+        subprocess.run(["bash", "-n", str(ROOT / command.split()[1])], check=True)
+
+
+def floors() -> dict[str, str]:
+    """``name -> floor`` of pyproject.toml's ``name>=X`` requirements (dependencies and extras)."""
+    return dict(re.findall(r'"([a-z][a-z0-9_-]*)>=([0-9.]+)', (ROOT / "pyproject.toml").read_text()))
+
+
+def test_the_oldest_leg_installs_the_floors_of_pyproject():
+    script = (ROOT / "ci" / "version_leg.sh").read_text()
+    oldest = re.search(r"oldest\)\s*\n\s*pins=\(([^)]*)\)", script).group(1).split()
+    pins = dict(pin.split("==") for pin in oldest)
+    for name in ("torch", "triton", "hypothesis"):
+        pin, floor = ([int(part) for part in version.split(".")] for version in (pins[name], floors()[name]))
+        assert pin == floor + [0] * (len(pin) - len(floor)), f"the oldest leg runs {name} {pins[name]}, " \
+                                                           f"the floor is {floors()[name]}"
+
+
+def test_readme_names_every_engine_pin_the_script_checks():
+    script = (ROOT / "ci" / "engine_pins.sh").read_text()
+    pin_sets = re.search(r"PIN_SETS=\((.*?)\n\)", script, re.S).group(1)
+    versions = (ROOT / "README.md").read_text().split("## Versions", 1)[1].split("\n## ", 1)[0]
+    for pin in re.findall(r"[a-z][a-z0-9_-]*==[0-9.]+", pin_sets):
+        assert f"`{pin}`" in versions or pin.split("==")[1] in versions, f"README 'Versions' does not name {pin}"

@@ -4,7 +4,7 @@ What runs here: the clean failure when the library or the device is missing, the
 the slot_mapping -> FlashInfer page-table conversion against FlashInfer's own address arithmetic,
 the cache appends end to end through a CPU emulation of that arithmetic (compared with the
 reference), and the refusals that must come before any kernel runs. The kernels themselves are
-exercised only where a GPU with the libraries is lent (``mla-fuse verify --impl flashinfer|sglang``).
+exercised only on a machine with a GPU and the libraries (``mla-fuse verify --impl flashinfer|sglang``).
 """
 
 import importlib.machinery

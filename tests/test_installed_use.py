@@ -44,7 +44,7 @@ ADAPTERS = {
         from my_kernels import MyKernels
 
         class Buggy(MyKernels):
-            """Block index computed with a block size of 16, whatever the cache's (BUGS.md)."""
+            """Block index computed with a block size of 16, whatever the cache's (docs/BUGS.md)."""
             def concat_and_cache_mla(self, kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale):
                 tokens = torch.nonzero(slot_mapping >= 0).flatten()
                 slots = slot_mapping[tokens].long()

@@ -1,6 +1,6 @@
 """Mutation self-test of the property suite (issue 4).
 
-Every mutant of ``mla_fuse_conformance.mutants.kernels`` carries one bug from ``shared/BUGS.md``; the
+Every mutant of ``mla_fuse_conformance.mutants.kernels`` carries one bug from ``docs/BUGS.md``; the
 properties of ``property_tests/`` must catch each of them within the ``ci`` profile
 (derandomized, the same examples as CI), and must pass ``mutant:none``, the bug-free
 base. A mutant counts as caught only when a property *asserts* (AssertionError): a

@@ -69,3 +69,15 @@ def test_the_script_runs_a_campaign_and_an_export_that_mla_fuse_accepts():
     assert (campaign.db, campaign.minutes, campaign.out) == ("redis://127.0.0.1:6379/0", 240.0,
                                                              pathlib.Path("reports/fuzz"))
     assert (export.action, export.db) == ("export", "redis://127.0.0.1:6379/0")
+
+
+def test_the_engine_leg_runs_nightly_on_a_cpu_runner_with_the_ci_sizes():
+    """torch 2.14.1 + triton 3.8.0 (README "Versions"): several GB of CUDA wheels, so nightly; the
+    interpreter needs no GPU, and the campaign's large sizes and shared database are not for it."""
+    job = workflow()["jobs"]["engine-torch"]
+    assert "gpu" not in job["runs-on"]
+    assert job["env"]["MLA_FUSE_PROPERTY_SIZES"] == "small" and job["env"]["MLA_FUSE_HYPOTHESIS_DB"] == ""
+    assert [step["run"] for step in job["steps"] if "run" in step] == ["bash ci/nightly.sh engine-torch"]
+    script = (ROOT / "ci" / "version_leg.sh").read_text()
+    assert re.search(r"engine\)\s*\n\s*pins=\(torch==2\.14\.1 triton==3\.8\.0\)", script)
+    subprocess.run(["bash", "-n", str(ROOT / "ci" / "version_leg.sh")], check=True)

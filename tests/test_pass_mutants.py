@@ -1,7 +1,7 @@
 """Mutation self-test of the compile-pass properties (issue 10).
 
 Every mutant of ``mla_fuse_conformance.mutants.passes`` carries one "Compile passes" bug of
-``shared/BUGS.md`` (and the copy-free rule). The compile-pass property suite alone
+``docs/BUGS.md`` (and the copy-free rule). The compile-pass property suite alone
 (``property_tests/test_compile_passes.py``; no unit test) must catch each within the ``ci``
 profile: its explicit examples, then the derandomized examples CI generates, without
 shrinking. Caught means a property failed with an ``AssertionError`` or with an error type the

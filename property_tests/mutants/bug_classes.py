@@ -1,6 +1,6 @@
 """Which bug each mutant stands for, and the honest variants (data only).
 
-``BUG_CLASSES`` maps a mutant's name to its section of ``shared/BUGS.md`` and what it does;
+``BUG_CLASSES`` maps a mutant's name to its section of ``docs/BUGS.md`` and what it does;
 ``HONEST`` are the variants without a bug (other declarations, honoured: they must pass);
 ``DECLARATIONS`` are those declarations; ``APPROXIMATED`` names the mutants that model a
 compiled kernel's bug in eager code. ``mutants.kernels`` turns each name into a class.

@@ -2,7 +2,7 @@
 
 ``EagerImplementation`` (``eager.py``, its stages in ``eager_rope.py``, ``eager_fp8.py``,
 ``eager_cache_writes.py``) is a small, plain eager-torch implementation of the five
-operations of CONTRACT §4. Each mutant switches on exactly one bug from ``shared/BUGS.md``;
+operations of CONTRACT §4. Each mutant switches on exactly one bug from ``docs/BUGS.md``;
 ``MUTANTS`` maps a name to its class, and ``mla_fuse_conformance.contract.implementation``
 registers each as ``mutant:<name>``. ``mutant:none`` is the bug-free base: it must pass the
 whole suite, which shows every other mutant is caught for its bug and not for a broken base.

@@ -1,4 +1,4 @@
-"""Deliberately broken compile passes, one or more per "Compile passes" class of shared/BUGS.md.
+"""Deliberately broken compile passes, one or more per "Compile passes" class of docs/BUGS.md.
 
 Each ``PassMutant`` is a context manager that patches one thing in ``mla_fuse.passes`` (or, for
 the copy-free rule, in how a layer hands its cache to the graph) for as long as it is active,

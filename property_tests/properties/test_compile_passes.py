@@ -238,7 +238,7 @@ def _check(case: CompileCase) -> None:
 
 # ------------------------------------------------------------------ the property
 
-# Found bugs and the situations each bug class of shared/BUGS.md needs, run first on every profile
+# Found bugs and the situations each bug class of docs/BUGS.md needs, run first on every profile
 # (light ones first: the mutation self-test stops at the first failure).
 EXPLICIT = [
     # issue 10 items 1-3: hybrid, native rope, dynamic tokens, one rope module, an interleaved pool, fp8

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# One version leg: a venv of its own (.venv-leg) with the given torch / triton / hypothesis and
+# this checkout's `.[test]` (nothing else: what a team's gate installs), then the kernels' unit
+# tests and the conformance suite (ci profile) on it. The main test command (.ci/run) runs the
+# newest triton and hypothesis; this runs the other ends of the ranges (README "Versions").
+#   ci/version_leg.sh oldest   torch 2.13.0, triton 3.7.1, hypothesis 6.139.0: the floors of
+#                              pyproject.toml. Every change (.ci/run); about 7 minutes on the 2-core
+#                              development machine. The compile-pass property is left out: it
+#                              exercises torch's Inductor (the same torch as the main leg), not
+#                              triton, and takes over ten minutes on a CPU.
+#   ci/version_leg.sh engine   torch 2.14.1 (the CUDA build PyPI serves: several GB, so nightly),
+#                              triton 3.8.0, the newest hypothesis: what vLLM 0.33 and SGLang 0.5.23
+#                              install. Adds the compile passes' unit tests and property.
+# Without a GPU the kernels run on Triton's interpreter.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CI=true
+
+case "${1:-}" in
+    oldest)
+        pins=(torch==2.13.0 triton==3.7.1 hypothesis==6.139.0)
+        unit_tests=()
+        suite_selection=(-k "not test_compile_passes") ;;
+    engine)
+        pins=(torch==2.14.1 triton==3.8.0)
+        unit_tests=(tests/test_passes_unit.py tests/test_passes_mla.py tests/test_passes_mha.py
+                    tests/test_pass_regressions.py tests/test_pass_engine_caches.py)
+        suite_selection=() ;;
+    *)
+        echo "usage: ci/version_leg.sh oldest|engine" >&2
+        exit 2 ;;
+esac
+
+rm -rf .venv-leg
+python3 -m venv .venv-leg && . .venv-leg/bin/activate
+pip install -q "${pins[@]}" -e ".[test]"
+pip list 2>/dev/null | grep -iE "^(torch|triton|hypothesis|pytest|pytest-xdist) "
+
+# The kernels, the custom ops and the interpreter's conversions (needs only the test extra).
+# Failure files written under the newest hypothesis replay here (tests/data/replay/).
+python -m pytest tests/test_kernels.py tests/test_custom_ops.py tests/test_interpreter_conversions.py \
+    tests/test_replay_files.py tests/test_database_versions.py "${unit_tests[@]}" -n auto -q -p no:cacheprovider
+
+# The suite as a team runs it: from a directory of its own, through the installed plugin. Failure
+# files land in reports/version-leg/.mla_fuse_failures (uploaded with the reports).
+rm -rf reports/version-leg && mkdir -p reports/version-leg
+(cd reports/version-leg && python -m pytest --pyargs mla_fuse_conformance -n auto -q "${suite_selection[@]}")
