@@ -122,6 +122,13 @@ def mla_fuse_device():
     return select_device()
 
 
+def pytest_fixture_post_finalizer(fixturedef, request):
+    """HypoFuzz enters a test again after tearing its fixtures down (``running/reentry.py``)."""
+    from mla_fuse_conformance.running.reentry import forget_finalized_fixture
+
+    forget_finalized_fixture(fixturedef, request)
+
+
 def pytest_runtest_setup(item):
     if recording is not None:
         recording.RECORDER.reset()

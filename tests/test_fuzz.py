@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import zipfile
 
 import pytest
@@ -27,6 +28,7 @@ from mla_fuse_conformance.commands import cli
 from mla_fuse_conformance.settings import database
 from mla_fuse_conformance.commands import fuzz
 from mla_fuse_conformance.settings import profiles
+from mla_fuse_conformance.running import recording
 
 NODEID = "test_flash.py::test_fused_flash_matches_reference"
 
@@ -203,6 +205,8 @@ def test_the_summary_counts_this_campaigns_workers_and_when_each_first_failed():
     assert (summary.inputs, summary.behaviors, summary.fingerprints) == (8, 70, 7)
     assert sorted(summary.first_failure_at) == [1, 7] and summary.shrunk
     assert summary.failures == ["AssertionError: cache differs - fp8 codes wrong"]
+    assert summary.verdict == "did not replay"  # until the replay pass reproduces it
+    summary.replay = "failed"
     assert summary.verdict == "FAIL"
 
 
@@ -250,8 +254,121 @@ def test_the_summary_file_says_what_failed(tmp_path, capsys):
 
     summary = fuzz.PropertySummary(NODEID, "6b", inputs=7, first_failure_at=[7], failures=["AssertionError: boom"],
                                    replay="failed", replay_files=[str(tmp_path / "case.json")])
-    assert not fuzz.write_report(Options, [], {NODEID: summary}, [], 60.0, tmp_path)
+    assert fuzz.write_report(Options, [], {NODEID: summary}, [], 60.0, tmp_path) == fuzz.EXIT_FAILED == 1
     written = json.loads((tmp_path / "summary.json").read_text())
     assert written["passed"] is False and written["properties"][NODEID]["verdict"] == "FAIL"
     printed = capsys.readouterr().out
-    assert "replay exactly: mla-fuse repro" in printed and "verdict: FAIL" in printed
+    assert "replay exactly: mla-fuse repro" in printed and "verdict: FAIL (exit status 1)" in printed
+
+
+def test_a_failure_that_does_not_replay_is_reported_with_both_outcomes_never_as_fail(tmp_path, capsys):
+    class Options:
+        spec, db, read_only, minutes = "reference", None, False, 1.0
+
+    summary = fuzz.PropertySummary(NODEID, "6b", inputs=163, first_failure_at=[163],
+                                   failures=["FileNotFoundError: inflight-main.json"], replay="passed")
+    assert summary.verdict == "did not replay"
+    status = fuzz.write_report(Options, [], {NODEID: summary}, [], 60.0, tmp_path)
+    assert status == fuzz.EXIT_DID_NOT_REPLAY == 4
+    printed = capsys.readouterr().out
+    assert f"DID NOT REPLAY {NODEID}" in printed and "in the campaign: failed (first failure at input 163): " \
+        "FileNotFoundError" in printed and "on replay: passed" in printed
+    assert "verdict: FAIL" not in printed and "FAILED" not in printed
+    # a campaign that could not run says so, with another status than a failure's
+    assert fuzz.write_report(Options, [], {NODEID: summary}, ["worker 1 did not fuzz until the end"], 60.0,
+                             tmp_path) == fuzz.EXIT_COULD_NOT_RUN == 3
+    assert "verdict: COULD NOT RUN (exit status 3)" in capsys.readouterr().out
+
+
+def test_a_failure_without_pytest_lines_still_says_what_failed():
+    plain = failure("", "Traceback (most recent call last):\n  File \"x.py\", line 1\nFileNotFoundError: [Errno 2] x")
+    assert fuzz.failure_message(plain) == "FileNotFoundError: [Errno 2] x"
+    assert fuzz.failure_message(failure("", "")) != ""
+
+
+# ---------------------------------------------------------------- workers that stop fuzzing
+
+
+REENTER = """
+from hypofuzz.collection import collect_tests
+from mla_fuse_conformance.commands import fuzz
+
+args = [*fuzz.suite_files("reference"), *fuzz.pytest_options("reference", "nightly"), "-k", "cache_write_matches"]
+targets = collect_tests(args).fuzz_targets
+assert len(targets) == 2, [t.nodeid for t in targets]
+current = None
+for target in (*targets, *targets):  # A, B, A, B: as HypoFuzz moves between properties in one process
+    if current is not None:
+        current._exit_fixtures()
+    target._enter_fixtures()
+    target.run_one()
+    current = target
+print("entered every property twice")
+"""
+
+
+def test_hypofuzz_can_enter_a_property_again_after_leaving_it(tmp_path):
+    """HypoFuzz tears every fixture down when it leaves a property and sets them up when it comes
+    back; pytest's cached fixture definitions made the second entry fail ("The fixture value for
+    "mla_fuse_impl" is not available"), which killed campaign workers (running/reentry.py)."""
+    env = {**os.environ, database.DATABASE_ENV_VAR: str(tmp_path / "db"), "MLA_FUSE_FAILURE_DIR": str(tmp_path / "f")}
+    done = subprocess.run([sys.executable, "-c", REENTER], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert "entered every property twice" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+FAKE_HUB = """
+import multiprocessing, sys, time
+
+def fuzzing():
+    time.sleep(1.0)
+    raise AssertionError('The fixture value for "mla_fuse_impl" is not available.')
+
+def manager():
+    time.sleep(60)
+
+if __name__ == "__main__":
+    context = multiprocessing.get_context("fork")
+    for target in (manager, fuzzing):
+        context.Process(target=target).start()
+    time.sleep(60)  # the hub goes on, as HypoFuzz's does
+"""
+
+
+def test_a_worker_whose_fuzzing_process_dies_is_reported_with_its_log(tmp_path):
+    log = tmp_path / "worker-0.log"
+    with open(log, "w") as stream:
+        hub = subprocess.Popen([sys.executable, "-c", FAKE_HUB], stdout=stream, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    worker = fuzz.Worker(0, None, log, hub)
+    try:
+        deadline = time.monotonic() + 60
+        while worker.check_alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert worker.died is not None and "died" in worker.died
+        assert hub.poll() is None  # the hub itself lives on: its exit status says nothing
+    finally:
+        fuzz.stop([worker])
+    time.sleep(0.5)
+    errors = fuzz.campaign_errors([worker], {NODEID: fuzz.PropertySummary(NODEID, "6b", inputs=3)})
+    assert len(errors) == 1 and "worker 0 did not fuzz until the end" in errors[0] and str(log) in errors[0]
+    assert "The fixture value for" in errors[0]  # the end of its log
+    assert fuzz.exit_status({}, errors) == fuzz.EXIT_COULD_NOT_RUN
+
+
+def test_each_worker_and_the_replay_pass_have_their_own_in_flight_file(tmp_path):
+    """One shared in-flight file: a worker moved another's away, and the suite's bookkeeping failed
+    an example with FileNotFoundError (a failure that then passed on replay)."""
+    class Options:
+        db, read_only = str(tmp_path / "db"), False
+
+    files = {fuzz.worker_environment(Options, None, False, tmp_path / f"worker-{i}.inflight.json")
+             [recording.INFLIGHT_ENV] for i in range(2)}
+    assert len(files) == 2
+    recorder = recording.Recorder()
+    recorder.track_inflight = True
+    os.environ[recording.INFLIGHT_ENV] = str(tmp_path / "gone.json")
+    try:
+        recorder.finished()  # the file is not there (another process moved it): not an error of the example
+    finally:
+        del os.environ[recording.INFLIGHT_ENV]

@@ -23,9 +23,18 @@ requires:
 * on Inductor, a second compile served by the FX graph cache reports the same counts, says it
   came from the cache, and computes the same bits.
 
-These properties test the passes (through ``mla_fuse.ops``), not an implementation under
-``--impl``. A failing example prints ``case = CompileCase(...)``; replay it with
-``python -c "from mla_fuse_conformance.properties.test_compile_passes import *; check_compile_case(CompileCase(...))"``.
+These properties test the passes (through ``mla_fuse.ops``, i.e. the ``triton`` implementation),
+not an implementation under ``--impl``. An example runs as the kernel properties' do
+(``harness.Property.run``, registered in ``harness.PROPERTIES``): a failing one leaves a failure
+file in the same format (``running/recording.py``), holding the ``CompileCase`` itself, which
+``mla-fuse repro FILE`` replays without hypothesis; it also prints ``case = CompileCase(...)``.
+
+Each example is a pure function of its case (docs/PASSES.md, "Purity"): ``check_compile_case``
+starts from a reset dynamo (``torch._dynamo.reset()``) and compiles under a cache key of its own,
+the counts it reads are per compiled model, and the state meant to persist across examples
+(the traced patterns of ``pattern_utils``, Inductor's on-disk FX graph cache) does not change an
+outcome: ``tests/test_compile_purity.py`` runs the same cases in different orders and requires
+the same outcome.
 The pass mutation self-test (``tests/test_pass_mutants.py``) runs these properties, alone,
 against deliberately broken passes.
 """
@@ -43,7 +52,8 @@ from mla_fuse_conformance.settings import profiles
 from mla_fuse_conformance.cases.engine_caches import (  # noqa: F401  (names for replaying a printed case)
     CacheLayout, EngineCaches, allocated_bytes, build_caches, pools_bitwise_equal,
 )
-from mla_fuse_conformance.contract.implementation import resolve_spec
+from mla_fuse_conformance.contract.implementation import load_implementation, resolve_spec
+from mla_fuse_conformance.running import harness
 from mla_fuse_conformance.cases.pass_cases import (  # noqa: F401
     CompileCase, FusionSettings, compile_cases, describe,
 )
@@ -52,6 +62,7 @@ from mla_fuse_conformance.cases.pass_models import (  # noqa: F401
     counting_kernel_calls, make_step, result_differences, run, same_weights,
 )
 
+PASSES_IMPLEMENTATION = "triton"  # what the passes insert: mla_fuse.ops
 GROWTH_LIMIT = 0.05  # a step may allocate at most 5% of the bytes a cache grows by (a copy is >= 100%)
 FP8_STORAGE = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 UPDATE_NAMES = {"mla": ("unified_mla_kv_cache_update", "fused_rope_and_unified_mla_kv_cache_update"),
@@ -274,7 +285,7 @@ CI_EXAMPLES = 16
 def passes_run_on_our_kernels(request):
     """The passes insert mla_fuse's own ops, so these properties check the ``triton`` implementation only."""
     spec = resolve_spec(request.config.getoption("--impl"))
-    if spec != "triton":
+    if spec != PASSES_IMPLEMENTATION:
         pytest.skip(f"compile passes call mla_fuse.ops (the triton implementation); --impl={spec} does not apply")
 
 
@@ -297,12 +308,40 @@ def budget(test):
     return settings(max_examples=CI_EXAMPLES)(test)
 
 
+EXAMPLE_TIMEOUT_FACTOR = 5  # an Inductor example compiles twice (C++): longer than a kernel example
+
+
+class CompileProperty(harness.Property):
+    """A compile-pass property run as the kernel properties are (``Property.run``: failure file,
+    in-flight file, hang watchdog), on the ``triton`` implementation and the CPU."""
+
+    timeout_factor = EXAMPLE_TIMEOUT_FACTOR
+
+
+def _compile_body(impl, device, case: CompileCase) -> None:
+    for text in describe(case):  # (Property.run has noted the case; these also work outside hypothesis)
+        harness.event(text)
+    check_compile_case(case)
+
+
+COMPILE_PROPERTY = CompileProperty("test_compile_passes:test_passes_fuse_exactly_where_allowed_bitwise_and_copy_free",
+                                   (), (compile_cases(),), _compile_body, tuple(EXPLICIT))
+harness.PROPERTIES[COMPILE_PROPERTY.name] = COMPILE_PROPERTY
+_IMPLEMENTATION: list = []
+
+
+def passes_implementation():
+    """The implementation the passes call, loaded once per process."""
+    if not _IMPLEMENTATION:
+        _IMPLEMENTATION.append(load_implementation(PASSES_IMPLEMENTATION))
+    return _IMPLEMENTATION[0]
+
+
 @budget
 @given(case=compile_cases())
 @with_explicit_examples
 def test_passes_fuse_exactly_where_allowed_bitwise_and_copy_free(case):
-    announce(case)
-    check_compile_case(case)
+    COMPILE_PROPERTY.run(passes_implementation(), torch.device("cpu"), case)
 
 
 PROPERTIES = {"test_passes_fuse_exactly_where_allowed_bitwise_and_copy_free": (compile_cases(), check_compile_case,
