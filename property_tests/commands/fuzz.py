@@ -3,8 +3,9 @@ example database that other runners share, for M minutes; then replay files and 
 
     mla-fuse fuzz --impl SPEC [--workers N] [--db URL] [--minutes M] [--read-only] [--out DIR] [-- PYTEST_ARGS]
 
-1. Workers. Worker i is one ``hypothesis fuzz -n 1 --no-dashboard -- <pytest args>`` process
-   (HypoFuzz's own command: its adaptive schedule over the properties, coverage-guided
+1. Workers. Worker i is one process running HypoFuzz's fuzzing loop over the pytest args
+   (``fuzz_worker``: what ``hypothesis fuzz -n 1`` runs, without the hub whose one-minute
+   check ended slow campaigns; its adaptive schedule over the properties, coverage-guided
    mutation, shrinking). With GPUs there is one worker per GPU by default, worker i on
    ``cuda:i`` through ``$MLA_FUSE_DEVICE``; on the CPU, one. The properties are the kernel
    properties of the three operation modules against ``--impl`` (without the bad-input
@@ -31,8 +32,9 @@ example database that other runners share, for M minutes; then replay files and 
    inputs each worker first failed (1: it replayed a stored failure first), the failures with
    their replay files. Written to ``DIR/summary.json`` (default ``.mla_fuse_reports/fuzz``).
 
-Every worker fuzzes until the end: a worker whose fuzzing process dies (HypoFuzz's hub outlives
-it) is stopped and reported, with the end of its log, as the campaign's failure to run.
+Every worker fuzzes until the end: a worker that ends before it is stopped, other than by
+every property failing, died, and is reported with the end of its log (each worker keeps its
+log, ``DIR/worker-i.log``) as the campaign's failure to run.
 
 Exit status (``EXIT_*``): 0 nothing failed; 1 a failure the replay pass reproduced (its replay
 file is named); 2 bad arguments; 3 the campaign could not run (a worker died or ended on its
@@ -64,11 +66,11 @@ SUITE_DIR = pathlib.Path(__file__).resolve().parent.parent / "properties"  # the
 KERNEL_PROPERTY_MODULES = ("test_rotary_embedding", "test_mla", "test_flash")
 COMPILE_PASS_MODULES = ("test_compile_passes",)
 PASSES_IMPLEMENTATION = "triton"
-HYPOTHESIS_CLI = "from hypothesis.extra.cli import main; main()"  # the `hypothesis` script, wherever it is
+WORKER_MODULE = "mla_fuse_conformance.commands.fuzz_worker"  # HypoFuzz's fuzzing loop without its hub
 STOP_CHECK_SECONDS = 2.0
 STOP_GRACE_SECONDS = 20.0
 REPLAY_TIMEOUT_SECONDS = 900
-ALL_FAILED = "Found a failing input for every test!"  # what HypoFuzz prints when it stops on its own
+ALL_FAILED = "Found a failing input for every test!"  # what a worker prints when it stops on its own
 TARGET_COUNT = re.compile(r"using \d+ process(?:es)? to fuzz (\d+) tests?")  # and how many it fuzzes
 DEFAULT_OUT = pathlib.Path(".mla_fuse_reports") / "fuzz"
 EXIT_PASSED, EXIT_FAILED, EXIT_BAD_ARGUMENTS, EXIT_COULD_NOT_RUN, EXIT_DID_NOT_REPLAY = 0, 1, 2, 3, 4
@@ -91,8 +93,8 @@ def pytest_options(spec: str, profile: str) -> list[str]:
 
 
 def worker_command(spec: str, extra_pytest_args: list[str]) -> list[str]:
-    return [sys.executable, "-c", HYPOTHESIS_CLI, "fuzz", "-n", "1", "--no-dashboard", "--",
-            *suite_files(spec), *pytest_options(spec, "nightly"), *extra_pytest_args]
+    return [sys.executable, "-m", WORKER_MODULE, *suite_files(spec), *pytest_options(spec, "nightly"),
+            *extra_pytest_args]
 
 
 def worker_environment(options, device: str | None, read_only: bool, inflight: pathlib.Path | None = None) -> dict[str, str]:
@@ -272,9 +274,8 @@ def read_campaign(db, window: CampaignWindow) -> dict[str, PropertySummary]:
 
 @dataclasses.dataclass
 class Worker:
-    """One ``hypothesis fuzz -n 1`` process: HypoFuzz's hub, which forks a ``Manager`` process and
-    the fuzzing process. The hub outlives a fuzzing process that dies (it only rebalances, once a
-    minute), so a death is seen as a child of the hub that went away."""
+    """One worker process (``fuzz_worker``: HypoFuzz's fuzzing loop). It ends on its own only when
+    every property it fuzzes has failed; any other end before this command stops it is its death."""
 
     index: int
     device: str | None
@@ -282,44 +283,18 @@ class Worker:
     process: subprocess.Popen
     inflight: pathlib.Path | None = None
     stopped: bool = False  # by this command (deadline, every property failed, Ctrl-C)
-    children: set[int] = dataclasses.field(default_factory=set)  # the hub's children seen alive
-    died: str | None = None  # how its fuzzing died, when it did
+    reported: bool = False  # its death has been announced
 
     def finished_by_itself(self) -> bool:
-        """HypoFuzz stops on its own only when every property it fuzzes has failed."""
-        return ALL_FAILED in self.log.read_text(errors="replace")
+        """HypoFuzz's loop stops on its own only when every property it fuzzes has failed."""
+        return self.process.returncode == 0 and ALL_FAILED in self.log.read_text(errors="replace")
 
-    def check_alive(self) -> bool:
-        """False (and ``died`` set) once a child of the hub that was alive is gone while the hub runs."""
-        import psutil
-
-        if self.died is not None or self.process.poll() is not None:
-            return self.died is None
-        try:
-            hub = psutil.Process(self.process.pid)
-            alive = {child.pid for child in hub.children() if _forked_and_running(child, hub.cmdline())}
-        except psutil.Error:
-            return True
-        gone = self.children - alive
-        self.children |= alive
-        if gone:
-            self.died = f"its fuzzing process (pid {', '.join(map(str, sorted(gone)))}) died"
-        return self.died is None
+    def died(self) -> bool:
+        return self.process.poll() is not None and not self.stopped and not self.finished_by_itself()
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         text = self.log.read_text(errors="replace").rstrip().splitlines()
         return "\n".join(f"    | {line}" for line in text[-lines:])
-
-
-def _forked_and_running(child, hub_cmdline: list[str]) -> bool:
-    """A process the hub forked (same command line: its Manager, its fuzzing process), not a zombie;
-    a short-lived command the hub runs has a command line of its own."""
-    import psutil
-
-    try:
-        return child.status() != psutil.STATUS_ZOMBIE and child.cmdline() == hub_cmdline
-    except psutil.Error:
-        return False
 
 
 def start_workers(options, devices: list[str | None], out_dir: pathlib.Path) -> list[Worker]:
@@ -375,9 +350,10 @@ def wait_for(workers: list[Worker], deadline: float, db, started: float) -> set[
             time.sleep(STOP_CHECK_SECONDS)
             pids = process_tree(workers, pids)
             for worker in workers:
-                if not worker.check_alive() and worker.process.poll() is None:
-                    print(f"worker {worker.index}: {worker.died}; stopping it (log {worker.log})", flush=True)
-                    stop([worker])
+                if worker.died() and not worker.reported:
+                    worker.reported = True
+                    print(f"worker {worker.index} died (exit status {worker.process.returncode}): see {worker.log}",
+                          flush=True)
             window = CampaignWindow(started, time.time(), socket.gethostname(), frozenset(pids))
             failed_checks = failed_checks + 1 if every_property_failed(workers, db, window) else 0
             if failed_checks == 2:
@@ -511,12 +487,9 @@ def campaign_errors(workers: list[Worker], summaries: dict[str, PropertySummary]
     """Why the campaign could not run as asked: a worker that died or ended on its own, no input."""
     errors = []
     for w in workers:
-        if w.died is not None:
-            errors.append(f"worker {w.index} did not fuzz until the end: {w.died}; log {w.log}, which ends:\n"
-                          f"{w.log_tail()}")
-        elif not w.stopped and not w.finished_by_itself():
-            errors.append(f"worker {w.index} ended on its own without finishing (exit status {w.process.returncode});"
-                          f" log {w.log}, which ends:\n{w.log_tail()}")
+        if w.died():
+            errors.append(f"worker {w.index} did not fuzz until the end: it died (exit status {w.process.returncode}); "
+                          f"log {w.log}, which ends:\n{w.log_tail()}")
     if not any(summary.inputs for summary in summaries.values()):
         errors.append("no property ran an input: see the worker logs")
     return errors
@@ -545,7 +518,7 @@ def write_report(options, workers, summaries, errors, seconds: float, out_dir: p
         "minutes": options.minutes, "seconds": round(seconds, 1), "passed": passed, "errors": errors,
         "collected": collected, "exit_status": status, "verdict": VERDICT_LINES[status],
         "workers": [{"device": w.device, "log": str(w.log), "exit_status": w.process.returncode,
-                     "stopped_by_mla_fuse": w.stopped, "died": w.died} for w in workers],
+                     "stopped_by_mla_fuse": w.stopped, "died": w.died()} for w in workers],
         "properties": {nodeid: {**dataclasses.asdict(s), "verdict": s.verdict} for nodeid, s in summaries.items()},
     }
     (out_dir / "summary.json").write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")

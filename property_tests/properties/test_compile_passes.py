@@ -41,6 +41,8 @@ against deliberately broken passes.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import uuid
 
 import pytest
@@ -313,9 +315,19 @@ EXAMPLE_TIMEOUT_FACTOR = 5  # an Inductor example compiles twice (C++): longer t
 
 class CompileProperty(harness.Property):
     """A compile-pass property run as the kernel properties are (``Property.run``: failure file,
-    in-flight file, hang watchdog), on the ``triton`` implementation and the CPU."""
+    in-flight file, hang watchdog), on the ``triton`` implementation and the CPU. A failure
+    record also names the pass mutant planted in the process, if any (``pass_mutant``)."""
 
     timeout_factor = EXAMPLE_TIMEOUT_FACTOR
+
+    def run(self, impl, device, case, within_limits: bool = True):
+        try:
+            return super().run(impl, device, case, within_limits)
+        except Exception:
+            failure = harness.RECORDER.last_failure
+            if PLANTED and failure is not None and failure.get("property") == self.name:
+                failure["pass_mutant"] = PLANTED[0]
+            raise
 
 
 def _compile_body(impl, device, case: CompileCase) -> None:
@@ -323,6 +335,31 @@ def _compile_body(impl, device, case: CompileCase) -> None:
         harness.event(text)
     check_compile_case(case)
 
+
+# ------------------------------------------------------------------ a planted pass bug (demonstrations, replays)
+
+PASS_MUTANT_ENV = "MLA_FUSE_PASS_MUTANT"
+PLANTED: list[str] = []  # the pass mutant planted in this process
+_PLANTED_STACK = contextlib.ExitStack()
+
+
+def plant_pass_mutant(name: str | None) -> None:
+    """Make the passes of this process broken as ``mutants.passes.PASS_MUTANTS[name]`` breaks them, for
+    the rest of the process (as a bug in the source would be): ``$MLA_FUSE_PASS_MUTANT`` at import, so
+    that pytest, ``mla-fuse fuzz`` workers and ``mla-fuse repro`` (from the failure record's
+    ``pass_mutant``) run the same broken passes. The kernel properties are not affected."""
+    if not name or PLANTED == [name]:
+        return
+    from mla_fuse_conformance.mutants.passes import PASS_MUTANTS
+
+    if name not in PASS_MUTANTS:
+        raise ValueError(f"${PASS_MUTANT_ENV}={name!r}: no such pass mutant; known: {', '.join(sorted(PASS_MUTANTS))}")
+    _PLANTED_STACK.close()
+    PLANTED[:] = [name]
+    _PLANTED_STACK.enter_context(PASS_MUTANTS[name].active())
+
+
+plant_pass_mutant(os.environ.get(PASS_MUTANT_ENV))
 
 COMPILE_PROPERTY = CompileProperty("test_compile_passes:test_passes_fuse_exactly_where_allowed_bitwise_and_copy_free",
                                    (), (compile_cases(),), _compile_body, tuple(EXPLICIT))
