@@ -217,16 +217,31 @@ def cache_hit_problems(run_: Run, counts: dict[str, int]) -> list[str]:
 
 
 def check_compile_case(case: CompileCase) -> None:
-    """Inductor compiles with ``emulate_precision_casts``: a generated kernel then rounds a bf16/fp16
+    """The example: every problem of ``observe_compile_case``, as one AssertionError."""
+    problems = observe_compile_case(case)["problems"]
+    assert not problems, "\n".join(problems)
+
+
+def observe_compile_case(case: CompileCase) -> dict:
+    """What one example observes: its problems, and per compiled graph the match counts, whether
+    the FX graph cache served it and the post-pass graph (``tests/test_compile_purity.py`` requires
+    all of it to depend on the case alone).
+
+    Inductor compiles with ``emulate_precision_casts``: a generated kernel then rounds a bf16/fp16
     intermediate where eager does (without it, an unfused native rope feeding another op in one
     kernel keeps the rotated value in fp32: not eager's bits, and not the passes' doing); and with
-    a cache key of its own, so its first compile misses Inductor's FX graph cache and the second hits."""
+    a cache key of its own, so its first compile misses Inductor's FX graph cache and the second hits,
+    whatever earlier examples (or processes) stored there."""
     with torch.compiler.config.patch(cache_key_tag=f"mla_fuse-property-{uuid.uuid4().hex}"), \
             torch._inductor.config.patch(emulate_precision_casts=case.backend == "inductor"):
-        _check(case)
+        problems, run_ = _problems(case)
+    records = mc.graph_records(run_.compiled)
+    return {"problems": problems, "counts": [record.counts for record in records],
+            "cache_hits": [record.cache_hit for record in records],
+            "graphs": [None if record.graph is None else str(record.graph) for record in records]}
 
 
-def _check(case: CompileCase) -> None:
+def _problems(case: CompileCase) -> tuple[list[str], Run]:
     run_ = Run(case)
     differences, calls = run_.step()
     records = mc.graph_records(run_.compiled)
@@ -246,7 +261,7 @@ def _check(case: CompileCase) -> None:
         problems += op_problems(case, graph)
     if case.backend == "inductor":
         problems += cache_hit_problems(run_, counts)
-    assert not problems, "\n".join(problems)
+    return problems, run_
 
 
 # ------------------------------------------------------------------ the property
