@@ -370,3 +370,27 @@ def test_each_worker_and_the_replay_pass_have_their_own_in_flight_file(tmp_path)
         recorder.finished()  # the file is not there (another process moved it): not an error of the example
     finally:
         del os.environ[recording.INFLIGHT_ENV]
+
+
+# ---------------------------------------------------------------- a correct implementation's campaign
+
+CAMPAIGN_MINUTES = 1.0
+
+
+def test_a_correct_implementations_two_worker_campaign_passes_and_no_worker_dies(tmp_path):
+    """The campaign that ended FAIL (or lost workers) for correct implementations on a loaded 2-core
+    machine: a dying worker (fixture re-entry), a hub that ended slow campaigns, two workers sharing
+    one in-flight file. One minute, two workers, the reference implementation, its fast properties."""
+    out = tmp_path / "out"
+    env = {key: value for key, value in os.environ.items() if not key.startswith("MLA_FUSE_")}
+    done = subprocess.run([sys.executable, "-m", "mla_fuse_conformance", "fuzz", "--workers", "2", "--impl",
+                           "reference", "--minutes", str(CAMPAIGN_MINUTES), "--db", str(tmp_path / "db"),
+                           "--out", str(out), "--", "-k", "cache_write_matches or rotary"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    summary = json.loads((out / "summary.json").read_text())
+    assert done.returncode == fuzz.EXIT_PASSED, done.stdout[-6000:] + done.stderr[-3000:]
+    assert summary["verdict"] == "PASS" and summary["errors"] == []
+    assert [worker["died"] for worker in summary["workers"]] == [False, False]
+    assert all(worker["stopped_by_mla_fuse"] for worker in summary["workers"])
+    assert all((out / f"worker-{i}.log").stat().st_size > 0 for i in range(2))
+    assert sum(prop["inputs"] for prop in summary["properties"].values()) > 0
