@@ -13,6 +13,8 @@ cannot see a failure that passes on its replay (a ``FlakyFailure``).
 
 from __future__ import annotations
 
+import pytest
+
 from mla_fuse.passes import pattern_utils
 from mla_fuse_conformance.mutants.passes import PASS_MUTANTS
 from mla_fuse_conformance.properties.test_compile_passes import EXPLICIT, observe_compile_case
@@ -46,3 +48,32 @@ def test_an_inductor_example_misses_then_hits_the_fx_graph_cache_every_time():
     again = observe_compile_case(INDUCTOR_DYNAMIC)
     assert first["problems"] == [] and again == first  # problems include a second compile that is not a hit
     assert not any(first["cache_hits"])  # the example's first compile: a miss, on every call
+
+
+def test_a_compile_failure_record_holds_the_case_and_names_the_planted_pass_bug(tmp_path, monkeypatch):
+    """The failure file of a compile-pass example is the kernel properties' format (its case as JSON,
+    no hypothesis blob), names its property in the registry ``mla-fuse repro`` reads, and the planted
+    pass mutant, which ``mla-fuse repro`` plants again."""
+    import json
+
+    import torch
+
+    from mla_fuse_conformance.cases import types as case_types
+    from mla_fuse_conformance.running import harness, recording
+    from mla_fuse_conformance.properties import test_compile_passes as passes
+
+    monkeypatch.setenv(recording.FAILURE_DIR_ENV, str(tmp_path))
+    monkeypatch.setattr(passes, "PLANTED", ["swaps_q_and_k_outputs"])
+    monkeypatch.setattr(passes, "check_compile_case", lambda case: (_ for _ in ()).throw(AssertionError("planted")))
+    recording.RECORDER.reset()
+    with pytest.raises(AssertionError):
+        passes.COMPILE_PROPERTY.run(passes.passes_implementation(), torch.device("cpu"), LIGHT_HYBRID)
+    failure = recording.RECORDER.last_failure
+    path = recording.save_failure(failure, "test_compile_passes.py::" + passes.COMPILE_PROPERTY.name.partition(":")[2],
+                                  "mla_fuse.dev")
+    record = json.loads(path.read_text())
+    assert record["pass_mutant"] == "swaps_q_and_k_outputs" and record["impl"] == "triton"
+    assert record["kind"] == "wrong result" and record["error"] == "planted"
+    assert case_types.from_jsonable(record["case"]) == LIGHT_HYBRID
+    assert harness.property_named(record["property"]) is passes.COMPILE_PROPERTY
+    assert "mla-fuse repro" in record["replay"]
