@@ -385,7 +385,7 @@ def test_a_correct_implementations_two_worker_campaign_passes_and_no_worker_dies
     env = {key: value for key, value in os.environ.items() if not key.startswith("MLA_FUSE_")}
     done = subprocess.run([sys.executable, "-m", "mla_fuse_conformance", "fuzz", "--workers", "2", "--impl",
                            "reference", "--minutes", str(CAMPAIGN_MINUTES), "--db", str(tmp_path / "db"),
-                           "--out", str(out), "--", "-k", "cache_write_matches or rotary"],
+                           "--out", str(out), "--", "-k", "cache_write_matches or rotary_embedding_matches"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     summary = json.loads((out / "summary.json").read_text())
     assert done.returncode == fuzz.EXIT_PASSED, done.stdout[-6000:] + done.stderr[-3000:]
