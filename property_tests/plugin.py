@@ -154,6 +154,9 @@ def pytest_runtest_makereport(item, call):
 
     failure_file = None
     if report.failed and recorder.last_failure is not None:
+        if call.excinfo is not None and call.excinfo.typename in ("FlakyFailure", "Flaky"):  # not a plain failure
+            recorder.last_failure = dict(recorder.last_failure, kind=f"did not reproduce: "
+                                         f"{recorder.last_failure.get('kind')} once, passed when hypothesis ran it again")
         profile = settings.get_current_profile_name()
         failure_file = recording.save_failure(recorder.last_failure, item.nodeid, profile)
         report.sections.append(("mla_fuse: reproduce this failure",

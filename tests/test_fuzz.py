@@ -394,3 +394,30 @@ def test_a_correct_implementations_two_worker_campaign_passes_and_no_worker_dies
     assert all(worker["stopped_by_mla_fuse"] for worker in summary["workers"])
     assert all((out / f"worker-{i}.log").stat().st_size > 0 for i in range(2))
     assert sum(prop["inputs"] for prop in summary["properties"].values()) > 0
+
+
+FLAKY_PROPERTY = '''
+from mla_fuse_conformance.running.harness import prop
+from mla_fuse_conformance.cases import strategies
+
+calls = []
+
+
+@prop("rotary_embedding", cases=strategies.rope_cases())
+def test_fails_only_on_its_first_call(impl, device, case):
+    calls.append(1)
+    assert len(calls) != 1, "first call fails"
+'''
+
+
+def test_a_failure_hypothesis_could_not_reproduce_is_recorded_as_such(tmp_path):
+    """pytest: hypothesis' FlakyFailure (failed once, passed when run again) leaves a failure file
+    that says so, not a plain 'wrong result'."""
+    (tmp_path / "test_flaky_property.py").write_text(FLAKY_PROPERTY)
+    env = {**os.environ, recording.FAILURE_DIR_ENV: str(tmp_path / "failures")}
+    done = subprocess.run([sys.executable, "-m", "pytest", "test_flaky_property.py", "-q", "-p", "no:cacheprovider",
+                           "--impl=reference", "--hypothesis-profile=mla_fuse.dev"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert "FlakyFailure" in done.stdout, done.stdout[-3000:]
+    [record] = [json.loads(path.read_text()) for path in (tmp_path / "failures").glob("*.json")]
+    assert record["kind"] == "did not reproduce: wrong result once, passed when hypothesis ran it again"
