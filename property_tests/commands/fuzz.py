@@ -20,8 +20,8 @@ example database that other runners share, for M minutes; then replay files and 
    the stored corpus, then generates. ``--read-only`` reads the shared database and writes only
    to the local directory ``.hypothesis/mla_fuse``.
 3. Stop: after M minutes (SIGINT to each worker's process group), or as soon as HypoFuzz's own
-   stopping rule holds: every property the workers fuzz has failed (HypoFuzz 25.11.1 checks
-   that once a minute; this command reads HypoFuzz's reports in the database every
+   stopping rule holds: every property the workers fuzz has failed (a worker sees that only
+   after a batch of 100 inputs; this command reads HypoFuzz's reports in the database every
    ``STOP_CHECK_SECONDS`` and stops the workers itself).
 4. Replay pass: a plain pytest run of every property with a failure stored in the database,
    under the ``mla_fuse.replay`` profile (stored examples only, nothing generated) with the
