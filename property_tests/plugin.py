@@ -77,6 +77,9 @@ class SuiteRun:
         return PropertyRun(current.properties[current.test], self.impl, self.device, current.recorder,
                            skip_missing=True)
 
+    def example(self, case, check, *arguments):
+        return self.current().example(case, check, *arguments)
+
     def against_reference(self, case, operation: str):
         return self.current().against_reference(case, operation)
 
@@ -146,7 +149,8 @@ def loaded_implementation(config):
 
 @pytest.hookimpl(tryfirst=True)  # before hypothesis' plugin loads a named profile, which must be registered
 def pytest_configure(config):
-    config.addinivalue_line("markers", "mla_fuse(*operations, bad_input=False, examples_per_corruption=None): "
+    config.addinivalue_line("markers", "mla_fuse(*operations, bad_input=False, examples_per_corruption=None, "
+                                       "timeout_factor=1): "
                                        "a property of the mla_fuse conformance suite and the operations it checks")
     profile = config.getoption("hypothesis_profile", None) or ""
     named = config.getoption("mla_fuse_impl") or config.getoption("mla_fuse_require") or os.environ.get(IMPL_ENV_VAR)
@@ -222,6 +226,13 @@ def mla_fuse_device():
     return select_device()
 
 
+def pytest_fixture_post_finalizer(fixturedef, request):
+    """HypoFuzz enters a test again after tearing its fixtures down (``running/reentry.py``)."""
+    from mla_fuse_conformance.running.reentry import forget_finalized_fixture
+
+    forget_finalized_fixture(fixturedef, request)
+
+
 def pytest_runtest_setup(item):
     current = state(item.config)
     if current.recorder is not None:
@@ -237,7 +248,7 @@ def pytest_runtest_call(item):
 
         marks = [mark for mark in item.iter_markers("mla_fuse")]
         # one example-database key per property, the key HypoFuzz uses (and the key before 0.2)
-        key_by_suite_node_id(item, bool(marks[0].kwargs.get("bad_input")) if marks else None)
+        key_by_suite_node_id(item, bool(marks[0].kwargs.get("bad_input")) if marks and marks[0].args else None)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -256,6 +267,9 @@ def pytest_runtest_makereport(item, call):
 
     failure_file = None
     if report.failed and recorder.last_failure is not None:
+        if call.excinfo is not None and call.excinfo.typename in ("FlakyFailure", "Flaky"):  # not a plain failure
+            recorder.last_failure = dict(recorder.last_failure, kind=f"did not reproduce: "
+                                         f"{recorder.last_failure.get('kind')} once, passed when hypothesis ran it again")
         profile = settings.get_current_profile_name()
         failure_file = recording.save_failure(recorder.last_failure, item.nodeid, profile)
         report.sections.append(("mla_fuse: reproduce this failure",

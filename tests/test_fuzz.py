@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import zipfile
 
 import pytest
@@ -28,6 +29,7 @@ from mla_fuse_conformance.commands import cli
 from mla_fuse_conformance.settings import database
 from mla_fuse_conformance.commands import fuzz
 from mla_fuse_conformance.settings import profiles
+from mla_fuse_conformance.running import recording
 
 NODEID = "test_flash.py::test_fused_flash_matches_reference"
 
@@ -203,6 +205,8 @@ def test_the_summary_counts_this_campaigns_workers_and_when_each_first_failed():
     assert (summary.inputs, summary.behaviors, summary.fingerprints) == (8, 70, 7)
     assert sorted(summary.first_failure_at) == [1, 7] and summary.shrunk
     assert summary.failures == ["AssertionError: cache differs - fp8 codes wrong"]
+    assert summary.verdict == "did not replay"  # until the replay pass reproduces it
+    summary.replay = "failed"
     assert summary.verdict == "FAIL"
 
 
@@ -250,8 +254,170 @@ def test_the_summary_file_says_what_failed(tmp_path, capsys):
 
     summary = fuzz.PropertySummary(NODEID, "6b", inputs=7, first_failure_at=[7], failures=["AssertionError: boom"],
                                    replay="failed", replay_files=[str(tmp_path / "case.json")])
-    assert not fuzz.write_report(Options, [], {NODEID: summary}, [], 60.0, tmp_path)
+    assert fuzz.write_report(Options, [], {NODEID: summary}, [], 60.0, tmp_path) == fuzz.EXIT_FAILED == 1
     written = json.loads((tmp_path / "summary.json").read_text())
     assert written["passed"] is False and written["properties"][NODEID]["verdict"] == "FAIL"
     printed = capsys.readouterr().out
-    assert re.search(r"replay exactly: \S+ -m mla_fuse_conformance repro", printed) and "verdict: FAIL" in printed
+    assert re.search(r"replay exactly: \S+ -m mla_fuse_conformance repro", printed) and "verdict: FAIL (exit status 1)" in printed
+
+
+def test_a_failure_that_does_not_replay_is_reported_with_both_outcomes_never_as_fail(tmp_path, capsys):
+    class Options:
+        spec, db, read_only, minutes = "reference", None, False, 1.0
+
+    summary = fuzz.PropertySummary(NODEID, "6b", inputs=163, first_failure_at=[163],
+                                   failures=["FileNotFoundError: inflight-main.json"], replay="passed")
+    assert summary.verdict == "did not replay"
+    status = fuzz.write_report(Options, [], {NODEID: summary}, [], 60.0, tmp_path)
+    assert status == fuzz.EXIT_DID_NOT_REPLAY == 4
+    printed = capsys.readouterr().out
+    assert f"DID NOT REPLAY {NODEID}" in printed and "in the campaign: failed (first failure at input 163): " \
+        "FileNotFoundError" in printed and "on replay: passed" in printed
+    assert "verdict: FAIL" not in printed and "FAILED" not in printed
+    # a campaign that could not run says so, with another status than a failure's
+    assert fuzz.write_report(Options, [], {NODEID: summary}, ["worker 1 did not fuzz until the end"], 60.0,
+                             tmp_path) == fuzz.EXIT_COULD_NOT_RUN == 3
+    assert "verdict: COULD NOT RUN (exit status 3)" in capsys.readouterr().out
+
+
+def test_a_failure_without_pytest_lines_still_says_what_failed():
+    plain = failure("", "Traceback (most recent call last):\n  File \"x.py\", line 1\nFileNotFoundError: [Errno 2] x")
+    assert fuzz.failure_message(plain) == "FileNotFoundError: [Errno 2] x"
+    assert fuzz.failure_message(failure("", "")) != ""
+
+
+# ---------------------------------------------------------------- workers that stop fuzzing
+
+
+REENTER = """
+from hypofuzz.collection import collect_tests
+from mla_fuse_conformance.commands import fuzz
+
+args = [*fuzz.suite_files("reference"), *fuzz.pytest_options("reference", "nightly"), "-k", "cache_write_matches"]
+targets = collect_tests(args).fuzz_targets
+assert len(targets) == 2, [t.nodeid for t in targets]
+current = None
+for target in (*targets, *targets):  # A, B, A, B: as HypoFuzz moves between properties in one process
+    if current is not None:
+        current._exit_fixtures()
+    target._enter_fixtures()
+    target.run_one()
+    current = target
+print("entered every property twice")
+"""
+
+
+def test_hypofuzz_can_enter_a_property_again_after_leaving_it(tmp_path):
+    """HypoFuzz tears every fixture down when it leaves a property and sets them up when it comes
+    back; pytest's cached fixture definitions made the second entry fail ("The fixture value for
+    "mla_fuse_impl" is not available"), which killed campaign workers (running/reentry.py)."""
+    env = {**os.environ, database.DATABASE_ENV_VAR: str(tmp_path / "db"), "MLA_FUSE_FAILURE_DIR": str(tmp_path / "f")}
+    done = subprocess.run([sys.executable, "-c", REENTER], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert "entered every property twice" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+DYING_WORKER = """
+import time
+time.sleep(0.5)
+raise AssertionError('The fixture value for "mla_fuse_impl" is not available.')
+"""
+
+
+def test_a_worker_that_dies_is_reported_with_its_log_and_the_campaign_could_not_run(tmp_path):
+    log = tmp_path / "worker-0.log"
+    with open(log, "w") as stream:
+        process = subprocess.Popen([sys.executable, "-c", DYING_WORKER], stdout=stream, stderr=subprocess.STDOUT)
+    worker = fuzz.Worker(0, None, log, process)
+    process.wait(timeout=60)
+    assert worker.died()
+    errors = fuzz.campaign_errors([worker], {NODEID: fuzz.PropertySummary(NODEID, "6b", inputs=3)})
+    assert len(errors) == 1 and "worker 0 did not fuzz until the end: it died (exit status 1)" in errors[0]
+    assert str(log) in errors[0] and "The fixture value for" in errors[0]  # the end of its log
+    assert fuzz.exit_status({}, errors) == fuzz.EXIT_COULD_NOT_RUN
+    stopped = fuzz.Worker(1, None, log, process, stopped=True)  # ended by mla-fuse fuzz: not a death
+    assert not stopped.died()
+
+
+def test_a_worker_is_hypofuzzs_loop_without_the_hub_that_ended_slow_campaigns():
+    """HypoFuzz 25.11.1's hub decides every 60 s that "every test has failed" when no fuzzing process
+    has yet reported a property left to fuzz, which it does only after 100 inputs: with slow
+    properties it ended campaigns after a minute and killed the fuzzing processes."""
+    from mla_fuse_conformance.commands import fuzz_worker
+
+    command = fuzz.worker_command("triton", [])
+    assert command[1:3] == ["-m", fuzz.WORKER_MODULE] and "fuzz" not in command[1:4]
+    state = fuzz_worker.WorkerState(valid_nodeids=[None])
+    state["valid_nodeids"] = ["test_mla.py::test_fused_mla_matches_reference"]  # a report: goes on
+    with pytest.raises(SystemExit) as ended:
+        state["valid_nodeids"] = []  # every property failed (or was skipped): ends, saying so
+    assert ended.value.code == 0
+
+
+def test_each_worker_and_the_replay_pass_have_their_own_in_flight_file(tmp_path):
+    """One shared in-flight file: a worker moved another's away, and the suite's bookkeeping failed
+    an example with FileNotFoundError (a failure that then passed on replay)."""
+    class Options:
+        db, read_only = str(tmp_path / "db"), False
+
+    files = {fuzz.worker_environment(Options, None, False, tmp_path / f"worker-{i}.inflight.json")
+             [recording.INFLIGHT_ENV] for i in range(2)}
+    assert len(files) == 2
+    recorder = recording.Recorder()
+    recorder.track_inflight = True
+    os.environ[recording.INFLIGHT_ENV] = str(tmp_path / "gone.json")
+    try:
+        recorder.finished()  # the file is not there (another process moved it): not an error of the example
+    finally:
+        del os.environ[recording.INFLIGHT_ENV]
+
+
+# ---------------------------------------------------------------- a correct implementation's campaign
+
+CAMPAIGN_MINUTES = 1.0
+
+
+def test_a_correct_implementations_two_worker_campaign_passes_and_no_worker_dies(tmp_path):
+    """The campaign that ended FAIL (or lost workers) for correct implementations on a loaded 2-core
+    machine: a dying worker (fixture re-entry), a hub that ended slow campaigns, two workers sharing
+    one in-flight file. One minute, two workers, the reference implementation, its fast properties."""
+    out = tmp_path / "out"
+    env = {key: value for key, value in os.environ.items() if not key.startswith("MLA_FUSE_")}
+    done = subprocess.run([sys.executable, "-m", "mla_fuse_conformance", "fuzz", "--workers", "2", "--impl",
+                           "reference", "--minutes", str(CAMPAIGN_MINUTES), "--db", str(tmp_path / "db"),
+                           "--out", str(out), "--", "-k", "cache_write_matches or rotary_embedding_matches"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    summary = json.loads((out / "summary.json").read_text())
+    assert done.returncode == fuzz.EXIT_PASSED, done.stdout[-6000:] + done.stderr[-3000:]
+    assert summary["verdict"] == "PASS" and summary["errors"] == []
+    assert [worker["died"] for worker in summary["workers"]] == [False, False]
+    assert all(worker["stopped_by_mla_fuse"] for worker in summary["workers"])
+    assert all((out / f"worker-{i}.log").stat().st_size > 0 for i in range(2))
+    assert sum(prop["inputs"] for prop in summary["properties"].values()) > 0
+
+
+FLAKY_PROPERTY = '''
+from mla_fuse_conformance.running.harness import prop
+from mla_fuse_conformance.cases import strategies
+
+calls = []
+
+
+@prop("rotary_embedding", cases=strategies.rope_cases())
+def test_fails_only_on_its_first_call(impl, device, case):
+    calls.append(1)
+    assert len(calls) != 1, "first call fails"
+'''
+
+
+def test_a_failure_hypothesis_could_not_reproduce_is_recorded_as_such(tmp_path):
+    """pytest: hypothesis' FlakyFailure (failed once, passed when run again) leaves a failure file
+    that says so, not a plain 'wrong result'."""
+    (tmp_path / "test_flaky_property.py").write_text(FLAKY_PROPERTY)
+    env = {**os.environ, recording.FAILURE_DIR_ENV: str(tmp_path / "failures")}
+    done = subprocess.run([sys.executable, "-m", "pytest", "test_flaky_property.py", "-q", "-p", "no:cacheprovider",
+                           "--impl=reference", "--hypothesis-profile=mla_fuse.dev"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert "FlakyFailure" in done.stdout, done.stdout[-3000:]
+    [record] = [json.loads(path.read_text()) for path in (tmp_path / "failures").glob("*.json")]
+    assert record["kind"] == "did not reproduce: wrong result once, passed when hypothesis ran it again"

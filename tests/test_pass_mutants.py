@@ -20,7 +20,11 @@ from hypothesis import Verbosity, example, given, settings
 
 from mla_fuse_conformance.settings import profiles
 from mla_fuse_conformance.mutants.passes import PASS_MUTANTS
-from mla_fuse_conformance.properties.test_compile_passes import CI_EXAMPLES, PROPERTIES
+from mla_fuse_conformance.properties.test_compile_passes import CI_EXAMPLES, check_compile_case
+from mla_fuse_conformance.running.harness import property_named
+
+COMPILE = property_named("test_compile_passes:test_passes_fuse_exactly_where_allowed_bitwise_and_copy_free")
+PROPERTIES = {COMPILE.name.partition(":")[2]: (COMPILE.strategies[0], check_compile_case, COMPILE.examples)}
 
 
 def hunt(strategy, check, explicit, max_examples: int):

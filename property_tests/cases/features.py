@@ -381,7 +381,10 @@ def axes_for(rotates: bool) -> tuple[Axis, ...]:
 
 def features(case, rotates: bool = True) -> dict[str, str]:
     """``{axis name: value}`` for every axis that applies to ``case`` under an operation that
-    rotates (``rotates``) or only writes the cache."""
+    rotates (``rotates``) or only writes the cache. A case of another kind (a compile-pass
+    ``CompileCase``) is on none of these axes: ``{}``."""
+    if not isinstance(case, (RopeCase, MlaCase, FlashCase)):
+        return {}
     found = {}
     for axis in axes_for(rotates):
         value = axis.of(case)

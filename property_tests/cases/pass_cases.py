@@ -18,6 +18,7 @@ import math
 from hypothesis import strategies as st
 
 from mla_fuse_conformance.settings import profiles
+from mla_fuse_conformance.cases import types as case_types
 from mla_fuse_conformance.cases.engine_caches import CacheLayout
 from mla_fuse_conformance.cases.pass_models import ROPE_FORMS, SITUATIONS, MhaGeometry, MlaGeometry, ModelSpec
 from mla_fuse_conformance.cases.strategies import weighted
@@ -197,3 +198,9 @@ def compile_cases(draw, backend: str | None = None) -> CompileCase:
         padded=padded, unmapped=unmapped, backend=backend, dynamic=dynamic,
         settings=draw(fusion_settings(model.kinds, kv_cache_dtype)), seed=draw(st.integers(0, 2 ** 32 - 1)),
     )
+
+
+# A compile case is stored in failure files like the kernel cases (``types.to_jsonable``/``from_jsonable``):
+# ``mla-fuse repro FILE`` rebuilds it without hypothesis.
+case_types.CASE_TYPES.update({cls.__name__: cls for cls in (
+    CompileCase, FusionSettings, ModelSpec, MlaGeometry, MhaGeometry, CacheLayout)})

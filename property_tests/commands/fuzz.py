@@ -3,8 +3,9 @@ example database that other runners share, for M minutes; then replay files and 
 
     mla-fuse fuzz --impl SPEC [--workers N] [--db URL] [--minutes M] [--read-only] [--out DIR] [-- PYTEST_ARGS]
 
-1. Workers. Worker i is one ``hypothesis fuzz -n 1 --no-dashboard -- <pytest args>`` process
-   (HypoFuzz's own command: its adaptive schedule over the properties, coverage-guided
+1. Workers. Worker i is one process running HypoFuzz's fuzzing loop over the pytest args
+   (``fuzz_worker``: what ``hypothesis fuzz -n 1`` runs, without the hub whose one-minute
+   check ended slow campaigns; its adaptive schedule over the properties, coverage-guided
    mutation, shrinking). With GPUs there is one worker per GPU by default, worker i on
    ``cuda:i`` through ``$MLA_FUSE_DEVICE``; on the CPU, one. The properties are the kernel
    properties of the three operation modules against ``--impl`` (without the bad-input
@@ -19,8 +20,8 @@ example database that other runners share, for M minutes; then replay files and 
    the stored corpus, then generates. ``--read-only`` reads the shared database and writes only
    to the local directory ``.hypothesis/mla_fuse``.
 3. Stop: after M minutes (SIGINT to each worker's process group), or as soon as HypoFuzz's own
-   stopping rule holds: every property the workers fuzz has failed (HypoFuzz 25.11.1 checks
-   that once a minute; this command reads HypoFuzz's reports in the database every
+   stopping rule holds: every property the workers fuzz has failed (a worker sees that only
+   after a batch of 100 inputs; this command reads HypoFuzz's reports in the database every
    ``STOP_CHECK_SECONDS`` and stops the workers itself).
 4. Replay pass: a plain pytest run of every property with a failure stored in the database,
    under the ``mla_fuse.replay`` profile (stored examples only, nothing generated) with the
@@ -31,7 +32,14 @@ example database that other runners share, for M minutes; then replay files and 
    inputs each worker first failed (1: it replayed a stored failure first), the failures with
    their replay files. Written to ``DIR/summary.json`` (default ``.mla_fuse_reports/fuzz``).
 
-Exit status: 0 nothing failed; 1 a property failed, or the campaign could not run; 2 bad arguments.
+Every worker fuzzes until the end: a worker that ends before it is stopped, other than by
+every property failing, died, and is reported with the end of its log (each worker keeps its
+log, ``DIR/worker-i.log``) as the campaign's failure to run.
+
+Exit status (``EXIT_*``): 0 nothing failed; 1 a failure the replay pass reproduced (its replay
+file is named); 2 bad arguments; 3 the campaign could not run (a worker died or ended on its
+own, no property ran an input, the replay pass did not run); 4 a failure a worker hit that did
+not reproduce on replay (reported with both outcomes, never as a plain FAIL) and nothing else.
 """
 
 from __future__ import annotations
@@ -54,17 +62,19 @@ from mla_fuse_conformance.settings import database
 from mla_fuse_conformance.settings import profiles
 from mla_fuse_conformance.running import recording
 
-SUITE_DIR = pathlib.Path(__file__).resolve().parent
+SUITE_DIR = pathlib.Path(__file__).resolve().parent.parent / "properties"  # the property modules: pytest's rootdir
 KERNEL_PROPERTY_MODULES = ("test_rotary_embedding", "test_mla", "test_flash")
 COMPILE_PASS_MODULES = ("test_compile_passes",)
 PASSES_IMPLEMENTATION = "triton"
-HYPOTHESIS_CLI = "from hypothesis.extra.cli import main; main()"  # the `hypothesis` script, wherever it is
+WORKER_MODULE = "mla_fuse_conformance.commands.fuzz_worker"  # HypoFuzz's fuzzing loop without its hub
 STOP_CHECK_SECONDS = 2.0
 STOP_GRACE_SECONDS = 20.0
 REPLAY_TIMEOUT_SECONDS = 900
-ALL_FAILED = "Found a failing input for every test!"  # what HypoFuzz prints when it stops on its own
+ALL_FAILED = "Found a failing input for every test!"  # what a worker prints when it stops on its own
 TARGET_COUNT = re.compile(r"using \d+ process(?:es)? to fuzz (\d+) tests?")  # and how many it fuzzes
 DEFAULT_OUT = pathlib.Path(".mla_fuse_reports") / "fuzz"
+EXIT_PASSED, EXIT_FAILED, EXIT_BAD_ARGUMENTS, EXIT_COULD_NOT_RUN, EXIT_DID_NOT_REPLAY = 0, 1, 2, 3, 4
+LOG_TAIL_LINES = 15  # of a dead worker's log, in the report
 
 
 # ---------------------------------------------------------------- what the workers run
@@ -83,14 +93,19 @@ def pytest_options(spec: str, profile: str) -> list[str]:
 
 
 def worker_command(spec: str, extra_pytest_args: list[str]) -> list[str]:
-    return [sys.executable, "-c", HYPOTHESIS_CLI, "fuzz", "-n", "1", "--no-dashboard", "--",
-            *suite_files(spec), *pytest_options(spec, "nightly"), *extra_pytest_args]
+    return [sys.executable, "-m", WORKER_MODULE, *suite_files(spec), *pytest_options(spec, "nightly"),
+            *extra_pytest_args]
 
 
-def worker_environment(options, device: str | None, read_only: bool) -> dict[str, str]:
+def worker_environment(options, device: str | None, read_only: bool, inflight: pathlib.Path | None = None) -> dict[str, str]:
+    """``inflight``: the process's own in-flight file. Two processes sharing one (the default
+    ``inflight-main.json`` of every non-xdist pytest run) moved each other's file away, and the
+    suite's bookkeeping failed an example that then passed on replay."""
     from mla_fuse_conformance.running.devices import DEVICE_ENV_VAR  # imports torch: not at `mla-fuse` start
 
     env = dict(os.environ)
+    if inflight is not None:
+        env[recording.INFLIGHT_ENV] = str(inflight)
     env[database.DATABASE_ENV_VAR] = options.db or str(database.default_directory())
     env.pop(database.READ_ONLY_ENV_VAR, None)
     if read_only:
@@ -129,13 +144,18 @@ class PropertySummary:
     shrunk: bool = False  # a worker has finished shrinking its failure (HypoFuzz's "failed" phase)
     failures: list[str] = dataclasses.field(default_factory=list)  # stored in the database
     skipped: str | None = None
-    replay: str | None = None  # outcome of the replay pass: passed, failed, or None (not replayed)
+    replay: str | None = None  # outcome of the replay pass: passed, failed, skipped, "not run", or None (not replayed)
     replay_files: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def verdict(self) -> str:
-        if self.replay == "failed" or self.first_failure_at:
+        """``FAIL``: the replay pass reproduced a failure; ``did not replay``: a worker failed on it but
+        the replay of what it stored passed (or nothing was stored to replay); else ``skipped``,
+        ``pass`` or ``not run``."""
+        if self.replay == "failed":
             return "FAIL"
+        if self.first_failure_at or self.failures:
+            return "did not replay"
         if self.skipped:
             return "skipped"
         return "pass" if self.inputs else "not run"
@@ -156,9 +176,13 @@ def inputs_to_first_failure(reports) -> int | None:
 
 
 def failure_message(observation, lines: int = 2) -> str:
-    """The error's first lines (pytest's ``E`` lines of the traceback), else HypoFuzz's reason."""
-    error = [line[1:].strip() for line in (observation.metadata.traceback or "").splitlines() if line.startswith("E ")]
-    return " ".join(error[:lines]) or observation.status_reason
+    """The error's first lines (pytest's ``E`` lines of the traceback), else the exception line of a
+    plain traceback, else HypoFuzz's reason; never empty."""
+    traceback = (observation.metadata.traceback or "").splitlines()
+    error = [line[1:].strip() for line in traceback if line.startswith("E ")]
+    if not error:
+        error = [line.strip() for line in traceback if line.strip() and not line.startswith((" ", "Traceback"))][-1:]
+    return " ".join(error[:lines]) or observation.status_reason or "(HypoFuzz stored no error text)"
 
 
 def is_skip(observation) -> bool:
@@ -250,26 +274,39 @@ def read_campaign(db, window: CampaignWindow) -> dict[str, PropertySummary]:
 
 @dataclasses.dataclass
 class Worker:
+    """One worker process (``fuzz_worker``: HypoFuzz's fuzzing loop). It ends on its own only when
+    every property it fuzzes has failed; any other end before this command stops it is its death."""
+
     index: int
     device: str | None
     log: pathlib.Path
     process: subprocess.Popen
+    inflight: pathlib.Path | None = None
     stopped: bool = False  # by this command (deadline, every property failed, Ctrl-C)
+    reported: bool = False  # its death has been announced
 
     def finished_by_itself(self) -> bool:
-        """HypoFuzz stops on its own only when every property it fuzzes has failed."""
-        return ALL_FAILED in self.log.read_text(errors="replace")
+        """HypoFuzz's loop stops on its own only when every property it fuzzes has failed."""
+        return self.process.returncode == 0 and ALL_FAILED in self.log.read_text(errors="replace")
+
+    def died(self) -> bool:
+        return self.process.poll() is not None and not self.stopped and not self.finished_by_itself()
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        text = self.log.read_text(errors="replace").rstrip().splitlines()
+        return "\n".join(f"    | {line}" for line in text[-lines:])
 
 
 def start_workers(options, devices: list[str | None], out_dir: pathlib.Path) -> list[Worker]:
     workers = []
     for index, device in enumerate(devices):
         log = out_dir / f"worker-{index}.log"
+        inflight = out_dir / f"worker-{index}.inflight.json"
         with open(log, "w") as stream:
             process = subprocess.Popen(worker_command(options.spec, options.pytest_args), stdout=stream,
                                        stderr=subprocess.STDOUT, start_new_session=True,
-                                       env=worker_environment(options, device, options.read_only))
-        workers.append(Worker(index, device, log, process))
+                                       env=worker_environment(options, device, options.read_only, inflight))
+        workers.append(Worker(index, device, log, process, inflight))
         print(f"worker {index}: pid {process.pid}, device {device or 'default'}, log {log}", flush=True)
     return workers
 
@@ -312,6 +349,11 @@ def wait_for(workers: list[Worker], deadline: float, db, started: float) -> set[
         while time.monotonic() < deadline and any(w.process.poll() is None for w in workers):
             time.sleep(STOP_CHECK_SECONDS)
             pids = process_tree(workers, pids)
+            for worker in workers:
+                if worker.died() and not worker.reported:
+                    worker.reported = True
+                    print(f"worker {worker.index} died (exit status {worker.process.returncode}): see {worker.log}",
+                          flush=True)
             window = CampaignWindow(started, time.time(), socket.gethostname(), frozenset(pids))
             failed_checks = failed_checks + 1 if every_property_failed(workers, db, window) else 0
             if failed_checks == 2:
@@ -370,23 +412,32 @@ def replay_files_since(started: float) -> dict[str, list[str]]:
     return files
 
 
-def replay_stored_failures(options, summaries: dict[str, PropertySummary], out_dir: pathlib.Path) -> None:
-    """Run the replay pass over the properties with a stored failure; fill in outcomes and files."""
+def replay_stored_failures(options, summaries: dict[str, PropertySummary], out_dir: pathlib.Path) -> list[str]:
+    """Run the replay pass over the properties with a stored failure; fill in outcomes and files.
+    Return what kept it from running (errors of the campaign)."""
     nodeids = sorted(nodeid for nodeid, summary in summaries.items() if summary.failures)
     if not nodeids:
-        return
+        return []
     junit = out_dir / "replay.xml"
+    junit.unlink(missing_ok=True)
     command = replay_command(options.spec, nodeids, junit)
     print(f"replaying the stored failures of {len(nodeids)} properties (log {out_dir / 'replay.log'})", flush=True)
     started = time.time() - 1.0  # file times have a coarser clock
+    errors = []
     with open(out_dir / "replay.log", "w") as log:
-        subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, timeout=REPLAY_TIMEOUT_SECONDS,
-                       env=worker_environment(options, None, read_only=True))
+        try:
+            subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, timeout=REPLAY_TIMEOUT_SECONDS,
+                           env=worker_environment(options, None, True, out_dir / "replay.inflight.json"))
+        except subprocess.TimeoutExpired:
+            errors.append(f"the replay pass ran past {REPLAY_TIMEOUT_SECONDS} s: see {out_dir / 'replay.log'}")
     outcomes = junit_outcomes(junit) if junit.exists() else {}
     files = replay_files_since(started)
     for nodeid in nodeids:
         summaries[nodeid].replay = outcomes.get(nodeid, "not run")
         summaries[nodeid].replay_files = files.get(nodeid, [])
+        if summaries[nodeid].replay == "not run" and not errors:
+            errors.append(f"the replay pass did not run {nodeid}: see {out_dir / 'replay.log'}")
+    return errors
 
 
 # ---------------------------------------------------------------- the report
@@ -414,32 +465,60 @@ def pytest_replay_command(nodeid: str, options) -> str:
 def describe_failures(summaries: dict[str, PropertySummary], options) -> list[str]:
     lines = []
     for summary in sorted(summaries.values(), key=lambda s: s.nodeid):
-        if summary.verdict != "FAIL":
-            continue
-        lines.append(f"\nFAILED {summary.nodeid} (replay pass: {summary.replay or 'not run'})")
-        lines += [f"  {message}" for message in summary.failures]
-        lines += [f"  replay exactly: {recording.replay_command(pathlib.Path(path))}" for path in summary.replay_files]
-        lines.append(f"  or with pytest: {pytest_replay_command(summary.nodeid, options)}")
+        if summary.verdict == "FAIL":
+            lines.append(f"\nFAILED {summary.nodeid} (replay pass: {summary.replay})")
+            lines += [f"  {message}" for message in summary.failures]
+            if not summary.replay_files:
+                lines.append("  (the replay pass wrote no replay file: see its log)")
+            lines += [f"  replay exactly: {recording.replay_command(pathlib.Path(path))}" for path in summary.replay_files]
+            lines.append(f"  or with pytest: {pytest_replay_command(summary.nodeid, options)}")
+        elif summary.verdict == "did not replay":
+            first = ", ".join(map(str, summary.first_failure_at)) or "-"
+            lines.append(f"\nDID NOT REPLAY {summary.nodeid}: not a failure this campaign can show")
+            lines.append(f"  in the campaign: failed (first failure at input {first}): "
+                         f"{'; '.join(summary.failures) or 'nothing stored for it in the database'}")
+            lines.append(f"  on replay: {summary.replay or 'nothing to replay'} (the stored example, replayed by pytest "
+                         f"outside HypoFuzz; a failure that depends on what ran before it in the worker)")
+            lines.append(f"  try it: {pytest_replay_command(summary.nodeid, options)}")
     return lines
 
 
 def campaign_errors(workers: list[Worker], summaries: dict[str, PropertySummary]) -> list[str]:
-    errors = [f"worker {w.index} ended on its own without finishing (exit status {w.process.returncode}): see {w.log}"
-              for w in workers if not w.stopped and not w.finished_by_itself()]
+    """Why the campaign could not run as asked: a worker that died or ended on its own, no input."""
+    errors = []
+    for w in workers:
+        if w.died():
+            errors.append(f"worker {w.index} did not fuzz until the end: it died (exit status {w.process.returncode}); "
+                          f"log {w.log}, which ends:\n{w.log_tail()}")
     if not any(summary.inputs for summary in summaries.values()):
         errors.append("no property ran an input: see the worker logs")
     return errors
 
 
-def write_report(options, workers, summaries, errors, seconds: float, out_dir: pathlib.Path) -> bool:
-    passed = not errors and all(summary.verdict != "FAIL" for summary in summaries.values())
+def exit_status(summaries: dict[str, PropertySummary], errors: list[str]) -> int:
+    verdicts = {summary.verdict for summary in summaries.values()}
+    if "FAIL" in verdicts:
+        return EXIT_FAILED
+    if errors:
+        return EXIT_COULD_NOT_RUN
+    return EXIT_DID_NOT_REPLAY if "did not replay" in verdicts else EXIT_PASSED
+
+
+VERDICT_LINES = {EXIT_PASSED: "PASS", EXIT_FAILED: "FAIL", EXIT_COULD_NOT_RUN: "COULD NOT RUN",
+                 EXIT_DID_NOT_REPLAY: "DID NOT REPLAY"}
+
+
+def write_report(options, workers, summaries, errors, seconds: float, out_dir: pathlib.Path) -> int:
+    """Print the report, write ``summary.json``; return the exit status."""
+    status = exit_status(summaries, errors)
+    passed = status == EXIT_PASSED
     collected = max((fuzz_target_count(worker) or 0 for worker in workers), default=0)
     report = {
         "implementation": options.spec, "database": database.shown(options.db), "read_only": options.read_only,
         "minutes": options.minutes, "seconds": round(seconds, 1), "passed": passed, "errors": errors,
-        "collected": collected,
+        "collected": collected, "exit_status": status, "verdict": VERDICT_LINES[status],
         "workers": [{"device": w.device, "log": str(w.log), "exit_status": w.process.returncode,
-                     "stopped_by_mla_fuse": w.stopped} for w in workers],
+                     "stopped_by_mla_fuse": w.stopped, "died": w.died()} for w in workers],
         "properties": {nodeid: {**dataclasses.asdict(s), "verdict": s.verdict} for nodeid, s in summaries.items()},
     }
     (out_dir / "summary.json").write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
@@ -448,8 +527,8 @@ def write_report(options, workers, summaries, errors, seconds: float, out_dir: p
           f"{len(summaries)} of the {collected} properties it collected (it picks by rate of new "
           f"behaviour)\n{format_table(summaries)}")
     print("\n".join(describe_failures(summaries, options) + [f"\nerror: {error}" for error in errors]))
-    print(f"\nsummary: {out_dir / 'summary.json'}\nverdict: {'PASS' if passed else 'FAIL'}")
-    return passed
+    print(f"\nsummary: {out_dir / 'summary.json'}\nverdict: {VERDICT_LINES[status]} (exit status {status})")
+    return status
 
 
 # ---------------------------------------------------------------- the command
@@ -488,9 +567,9 @@ def run_campaign(options) -> int:
         stop(workers)
     print(f"workers stopped after {time.monotonic() - clock:.0f} s", flush=True)
     summaries = read_campaign(db, CampaignWindow(started, time.time(), socket.gethostname(), frozenset(pids)))
-    replay_stored_failures(options, summaries, out_dir)
-    errors = campaign_errors(workers, summaries)
-    return 0 if write_report(options, workers, summaries, errors, time.monotonic() - clock, out_dir) else 1
+    errors = replay_stored_failures(options, summaries, out_dir)
+    errors = campaign_errors(workers, summaries) + errors
+    return write_report(options, workers, summaries, errors, time.monotonic() - clock, out_dir)
 
 
 def add_fuzz(commands) -> None:
@@ -523,7 +602,7 @@ def add_fuzz(commands) -> None:
             check_options(args)
         except (ValueError, RuntimeError) as error:
             print(f"mla-fuse fuzz: {error}")
-            return 2
+            return EXIT_BAD_ARGUMENTS
         return run_campaign(args)
 
     fuzz.set_defaults(run=run)

@@ -108,7 +108,7 @@ def format_table(summaries: dict[str, OperationSummary]) -> str:
         if op not in summaries:
             continue
         s = summaries[op]
-        rows.append((op, str(s.examples), f"{s.worst_rope_bound_fraction:.3f}", f"{s.worst_rope_ulps:.3g}",
+        rows.append((op, str(s.examples), f"{s.worst_rope_bound_fraction:.3g}", f"{s.worst_rope_ulps:.3g}",
                      str(s.worst_fp8_code_diff), str(s.padded_slot_cases), str(s.saturation_cases), str(s.passed),
                      str(s.failed), str(s.skipped), s.verdict))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]

@@ -23,20 +23,30 @@ requires:
 * on Inductor, a second compile served by the FX graph cache reports the same counts, says it
   came from the cache, and computes the same bits.
 
-These properties test the passes (through ``mla_fuse.ops``), not an implementation under
-``--impl``. A failing example prints ``case = CompileCase(...)``; replay it with
-``python -c "from mla_fuse_conformance.properties.test_compile_passes import *; check_compile_case(CompileCase(...))"``.
+These properties test the passes (through ``mla_fuse.ops``, i.e. the ``triton`` implementation),
+not an implementation under ``--mla-fuse-impl``. An example runs as the kernel properties' do
+(``harness.PropertyRun.example``; ``harness.property_named`` finds the test): a failing one leaves a failure
+file in the same format (``running/recording.py``), holding the ``CompileCase`` itself, which
+``mla-fuse repro FILE`` replays without hypothesis; it also prints ``case = CompileCase(...)``.
+
+Each example is a pure function of its case (docs/PASSES.md, "Purity"): ``check_compile_case``
+starts from a reset dynamo (``torch._dynamo.reset()``) and compiles under a cache key of its own,
+the counts it reads are per compiled model, and the state meant to persist across examples
+(the traced patterns of ``pattern_utils``, Inductor's on-disk FX graph cache) does not change an
+outcome: ``tests/test_compile_purity.py`` runs the same cases in different orders and requires
+the same outcome.
 The pass mutation self-test (``tests/test_pass_mutants.py``) runs these properties, alone,
 against deliberately broken passes.
 """
 
 from __future__ import annotations
 
+import os
 import uuid
 
 import pytest
 import torch
-from hypothesis import event, example, given, note, settings
+from hypothesis import given, settings
 
 import mla_fuse.compile as mc
 from mla_fuse_conformance.settings import profiles
@@ -44,6 +54,8 @@ from mla_fuse_conformance.cases.engine_caches import (  # noqa: F401  (names for
     CacheLayout, EngineCaches, allocated_bytes, build_caches, pools_bitwise_equal,
 )
 from mla_fuse_conformance.contract.implementation import resolve_spec
+from mla_fuse_conformance.running.events import event as harness_event
+from mla_fuse_conformance.running.harness import examples
 from mla_fuse_conformance.cases.pass_cases import (  # noqa: F401
     CompileCase, FusionSettings, compile_cases, describe,
 )
@@ -52,6 +64,7 @@ from mla_fuse_conformance.cases.pass_models import (  # noqa: F401
     counting_kernel_calls, make_step, result_differences, run, same_weights,
 )
 
+PASSES_IMPLEMENTATION = "triton"  # what the passes insert: mla_fuse.ops
 GROWTH_LIMIT = 0.05  # a step may allocate at most 5% of the bytes a cache grows by (a copy is >= 100%)
 FP8_STORAGE = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 UPDATE_NAMES = {"mla": ("unified_mla_kv_cache_update", "fused_rope_and_unified_mla_kv_cache_update"),
@@ -204,16 +217,31 @@ def cache_hit_problems(run_: Run, counts: dict[str, int]) -> list[str]:
 
 
 def check_compile_case(case: CompileCase) -> None:
-    """Inductor compiles with ``emulate_precision_casts``: a generated kernel then rounds a bf16/fp16
+    """The example: every problem of ``observe_compile_case``, as one AssertionError."""
+    problems = observe_compile_case(case)["problems"]
+    assert not problems, "\n".join(problems)
+
+
+def observe_compile_case(case: CompileCase) -> dict:
+    """What one example observes: its problems, and per compiled graph the match counts, whether
+    the FX graph cache served it and the post-pass graph (``tests/test_compile_purity.py`` requires
+    all of it to depend on the case alone).
+
+    Inductor compiles with ``emulate_precision_casts``: a generated kernel then rounds a bf16/fp16
     intermediate where eager does (without it, an unfused native rope feeding another op in one
     kernel keeps the rotated value in fp32: not eager's bits, and not the passes' doing); and with
-    a cache key of its own, so its first compile misses Inductor's FX graph cache and the second hits."""
+    a cache key of its own, so its first compile misses Inductor's FX graph cache and the second hits,
+    whatever earlier examples (or processes) stored there."""
     with torch.compiler.config.patch(cache_key_tag=f"mla_fuse-property-{uuid.uuid4().hex}"), \
             torch._inductor.config.patch(emulate_precision_casts=case.backend == "inductor"):
-        _check(case)
+        problems, run_ = _problems(case)
+    records = mc.graph_records(run_.compiled)
+    return {"problems": problems, "counts": [record.counts for record in records],
+            "cache_hits": [record.cache_hit for record in records],
+            "graphs": [None if record.graph is None else str(record.graph) for record in records]}
 
 
-def _check(case: CompileCase) -> None:
+def _problems(case: CompileCase) -> tuple[list[str], Run]:
     run_ = Run(case)
     differences, calls = run_.step()
     records = mc.graph_records(run_.compiled)
@@ -233,7 +261,7 @@ def _check(case: CompileCase) -> None:
         problems += op_problems(case, graph)
     if case.backend == "inductor":
         problems += cache_hit_problems(run_, counts)
-    assert not problems, "\n".join(problems)
+    return problems, run_
 
 
 # ------------------------------------------------------------------ the property
@@ -274,20 +302,8 @@ CI_EXAMPLES = 16
 def passes_run_on_our_kernels(request):
     """The passes insert mla_fuse's own ops, so these properties check the ``triton`` implementation only."""
     spec = resolve_spec(request.config.getoption("mla_fuse_impl"))
-    if spec != "triton":
+    if spec != PASSES_IMPLEMENTATION:
         pytest.skip(f"compile passes call mla_fuse.ops (the triton implementation); --mla-fuse-impl={spec} does not apply")
-
-
-def announce(case: CompileCase) -> None:
-    note(f"case = {case!r}")
-    for text in describe(case):
-        event(text)
-
-
-def with_explicit_examples(test):
-    for case in reversed(EXPLICIT):  # hypothesis runs the outermost @example first: EXPLICIT in order
-        test = example(case=case)(test)
-    return test
 
 
 def budget(test):
@@ -297,13 +313,55 @@ def budget(test):
     return settings(max_examples=CI_EXAMPLES)(test)
 
 
+EXAMPLE_TIMEOUT_FACTOR = 5  # an Inductor example compiles twice (C++): longer than a kernel example
+
+
+# ------------------------------------------------------------------ a planted pass bug (demonstrations, replays)
+
+PASS_MUTANT_ENV = "MLA_FUSE_PASS_MUTANT"
+
+
+def planted_pass_mutant() -> str | None:
+    """The pass mutant planted in this process (``$MLA_FUSE_PASS_MUTANT`` at import), if any."""
+    return os.environ.get(PASS_MUTANT_ENV) or None
+
+
+def plant_pass_mutant(name: str | None) -> None:
+    """Make the passes of this process broken as ``mutants.passes.PASS_MUTANTS[name]`` breaks them, for
+    the rest of the process (as a bug in the source would be): ``$MLA_FUSE_PASS_MUTANT`` at import, so
+    that pytest, ``mla-fuse fuzz`` workers and ``mla-fuse repro`` (from the failure record's
+    ``pass_mutant``) run the same broken passes. The kernel properties are not affected."""
+    if not name:
+        return
+    from mla_fuse_conformance.mutants.passes import PASS_MUTANTS
+
+    if name not in PASS_MUTANTS:
+        raise ValueError(f"${PASS_MUTANT_ENV}={name!r}: no such pass mutant; known: {', '.join(sorted(PASS_MUTANTS))}")
+    PASS_MUTANTS[name].active().__enter__()  # never left: the process runs the broken passes to its end
+
+
+plant_pass_mutant(planted_pass_mutant())
+
+
+def check_planted(run, case: CompileCase) -> None:
+    """One compile-pass example (``harness.PropertyRun.example`` records it as the kernel
+    properties' examples are: failure file, in-flight file, hang watchdog); a failure record names
+    the pass mutant planted in the process, if any, which ``mla-fuse repro`` plants again."""
+    for text in describe(case):  # (the run has noted the case; these also work outside hypothesis)
+        harness_event(text)
+    try:
+        check_compile_case(case)
+    except Exception as error:
+        if planted_pass_mutant():
+            error.mla_fuse_record = {"pass_mutant": planted_pass_mutant()}
+        raise
+
+
+@pytest.mark.mla_fuse(timeout_factor=EXAMPLE_TIMEOUT_FACTOR)
 @budget
+@examples(EXPLICIT)
 @given(case=compile_cases())
-@with_explicit_examples
-def test_passes_fuse_exactly_where_allowed_bitwise_and_copy_free(case):
-    announce(case)
-    check_compile_case(case)
-
-
-PROPERTIES = {"test_passes_fuse_exactly_where_allowed_bitwise_and_copy_free": (compile_cases(), check_compile_case,
-                                                                               EXPLICIT)}
+def test_passes_fuse_exactly_where_allowed_bitwise_and_copy_free(mla_fuse, case):
+    """The passes fuse exactly where CONTRACT §6 allows, the compiled step equals eager bit for bit,
+    and no cache is copied (module docstring)."""
+    mla_fuse.example(case, check_planted)

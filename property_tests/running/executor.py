@@ -123,7 +123,10 @@ class Executor:
         ``within_limits=False``: a case outside the declared limits, on purpose (limit checks)."""
         if self.process is None or not self.process.is_alive():
             self._start()
-        timeout = recording.example_timeout() or None
+        from mla_fuse_conformance.running.harness import property_named
+
+        factor = getattr(property_named(prop_name), "timeout_factor", 1)  # compile examples take longer
+        timeout = recording.example_timeout() * factor or None
         try:
             self.connection.send({"property": prop_name, "case": case_types.to_jsonable(case),
                                   "within_limits": within_limits})

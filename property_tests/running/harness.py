@@ -75,6 +75,7 @@ class Property:
     examples: tuple = ()
     needs_input_checks: bool = False  # a bad-input property (parametrized by corruption)
     examples_per_variant: int | None = None  # None: the profile's max_examples
+    timeout_factor: int = 1  # an example may take this many times $MLA_FUSE_EXAMPLE_TIMEOUT (compiling ones)
 
     @property
     def rotates(self) -> bool:
@@ -206,7 +207,7 @@ def property_of(test) -> Property:
         return Property(name, (operation,), variants, handle.inner_test, needs_input_checks=True,
                         examples_per_variant=mark.kwargs.get("examples_per_corruption"))
     return Property(name, tuple(mark.args), (handle._given_kwargs["case"],), handle.inner_test,
-                    tuple(getattr(test, "mla_fuse_examples", ())))
+                    tuple(getattr(test, "mla_fuse_examples", ())), timeout_factor=mark.kwargs.get("timeout_factor", 1))
 
 
 def _property_name(name: str) -> tuple[str, str]:

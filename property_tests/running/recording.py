@@ -102,7 +102,8 @@ def failure_kind(error: BaseException) -> str:
 def failure_record(prop, impl, device, case, error: BaseException) -> dict:
     """What a failure file holds (before ``save_failure`` adds the replay commands)."""
     return dict(Recorder.record(prop, impl, device, case), kind=failure_kind(error),
-                error_type=getattr(error, "original_type", type(error).__name__), error=str(error)[:4000])
+                error_type=getattr(error, "original_type", type(error).__name__), error=str(error)[:4000],
+                **getattr(error, "mla_fuse_record", {}))  # what a check adds (a planted pass mutant)
 
 
 @dataclasses.dataclass
@@ -164,7 +165,7 @@ class Recorder:
             path = inflight_path()
             path.parent.mkdir(parents=True, exist_ok=True)
             record = self.record(prop, impl, device, case)
-            timeout = example_timeout()
+            timeout = example_timeout() * getattr(prop, "timeout_factor", 1)  # compile examples: longer
             record.update(nodeid=self.nodeid, pid=os.getpid(), timeout=timeout)
             path.write_text(json.dumps(record, sort_keys=True))
             if timeout:
@@ -176,8 +177,10 @@ class Recorder:
         if self.track_inflight:
             faulthandler.cancel_dump_traceback_later()
             path = inflight_path()
-            if path.exists():
+            try:  # never a failure of the example: another process sharing the file may have moved it
                 os.replace(path, finished_path(path))
+            except FileNotFoundError:
+                pass
 
     def close(self) -> None:
         """The end of this process's session: nothing of its examples is left in the failure directory."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import sys
 
@@ -46,6 +47,8 @@ def _device(record: dict, device: str | None) -> str:
 
 def replay(record: dict, impl_spec: str | None = None, device: str | None = None) -> int:
     """Replay one failure record; the exit status of the module docstring."""
+    if record.get("pass_mutant"):  # a compile-pass failure found with a planted pass bug: plant it again
+        os.environ["MLA_FUSE_PASS_MUTANT"] = record["pass_mutant"]  # (test_compile_passes reads it at import)
     try:
         prop = property_named(record["property"])
         impl = load_implementation(impl_spec or record["impl"])
@@ -54,6 +57,8 @@ def replay(record: dict, impl_spec: str | None = None, device: str | None = None
         print(f"could not run: {error}", file=sys.stderr)
         return COULD_NOT_RUN
     device = _device(record, device)
+    if record.get("pass_mutant"):
+        print(f"pass mutant planted: {record['pass_mutant']}")
     print(f"property: {prop.name}\nimplementation: {impl.spec}\ndevice: {device}\n"
           f"recorded: {record.get('kind', 'failed')}\ncase: {case!r}", flush=True)
     with Executor(impl.spec, device, impl.required) as executor:
