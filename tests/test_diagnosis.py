@@ -58,6 +58,24 @@ class BlockSizeOutermost(OnlyMla):
             spoil_first_entry(kv_cache, slot_mapping)
 
 
+class SlotTimesEntryStride(OnlyMla):
+    """An emulation (not vLLM's code) of how vLLM 0.32.0's CPU ``concat_and_cache_mla_cpu`` appears to
+    address the cache: entry ``slot`` at ``slot * stride(1)``, ``stride(0)`` ignored; right exactly
+    where the blocks are runs of entries. Declared as the vllm-cpu-amx adapter declares the op."""
+    capabilities = {"concat_and_cache_mla": {"dtypes": ("bfloat16", "float16"), "slot_dtypes": ("int64",),
+                                             "kv_cache_dtypes": ("auto", "bfloat16", "float16")}}
+
+    def concat_and_cache_mla(self, kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale):
+        tokens = slot_mapping.numel()
+        entries = torch.cat([kv_c[:tokens], k_pe[:tokens]], dim=1)
+        rows = kv_cache.as_strided((kv_cache.size(0) * kv_cache.size(1), entries.size(1)),
+                                   (kv_cache.stride(1), kv_cache.stride(2)))
+        for token in range(tokens):
+            slot = int(slot_mapping[token])
+            if slot >= 0:
+                rows[slot] = entries[token]
+
+
 class Fp8Alias(OnlyMla):
     """"fp8" (the alias of fp8_e4m3) mishandled."""
     def concat_and_cache_mla(self, kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale):
@@ -95,8 +113,13 @@ def user_dir(tmp_path, monkeypatch):
 def _map(spec: str, max_examples: int = 30):
     impl = load_implementation(f"wrong_adapters:{spec}")
     prop = property_named(MLA_PROPERTY)
-    found = map_property(prop, impl, "cpu", lambda case: prop.run(impl, torch.device("cpu"), case),
-                         max_examples=max_examples, rounds=2)
+    def run_example(case):  # in this process; what the kernel raises fails the example, as in verify's children
+        try:
+            prop.run(impl, torch.device("cpu"), case)
+        except RuntimeError as error:
+            raise AssertionError(f"raised {error}") from error
+
+    found = map_property(prop, impl, "cpu", run_example, max_examples=max_examples, rounds=2)
     print("\n".join(found.lines()))
     return found
 
@@ -118,6 +141,17 @@ def test_a_field_wrong_alone_is_named_with_its_failure_rate(user_dir, spec, fiel
     assert f"{field}: " in text and "random cases inside it" in text, text
     rate = diagnosis["rate"]
     assert rate and rate[0] > 0, text
+
+
+def test_a_trigger_that_is_a_relation_between_strides_is_named_as_one(user_dir):
+    """The emulated vLLM CPU MLA addressing: the trigger is the cache's block stride against
+    block_size x its entry stride (a pool view whose blocks are runs of entries is written right)."""
+    found = _map("SlotTimesEntryStride")
+    assert found.cells
+    relation = "kv_cache block stride == block_size x entry stride"
+    condition = found.cells[0].diagnosis["condition"]
+    assert ["relation", relation, "no"] in condition, found.lines()
+    assert "view into a pool" not in found.cells[0].title()
 
 
 def test_fields_vary_one_at_a_time_and_relations_come_from_the_tensors():

@@ -321,6 +321,8 @@ def relations(built) -> dict[str, bool]:
         out["slot_mapping length == tokens"] = slots.numel() == case.tokens
         out["some slot written (slot >= 0)"] = bool((slots >= 0).any()) if slots.numel() else False
         out["a padded entry (slot < 0)"] = bool((slots < 0).any()) if slots.numel() else False
+        block_size = getattr(case, "block_size", 0)
+        out["a slot past the first block written"] = bool((slots >= block_size).any()) if slots.numel() else False
     for size in ("block_size", "latent", "rotary_dim", "head_size", "value_head_size", "tokens", "heads"):
         value = getattr(case, size, None)
         if isinstance(value, int) and not isinstance(value, bool):
