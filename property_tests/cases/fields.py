@@ -323,6 +323,9 @@ def relations(built) -> dict[str, bool]:
         out["a padded entry (slot < 0)"] = bool((slots < 0).any()) if slots.numel() else False
         block_size = getattr(case, "block_size", 0)
         out["a slot past the first block written"] = bool((slots >= block_size).any()) if slots.numel() else False
+    out["tokens > 0"] = case.tokens > 0
+    if getattr(case, "heads", 0):
+        out["heads > 1"] = case.heads > 1
     for size in ("block_size", "latent", "rotary_dim", "head_size", "value_head_size", "tokens", "heads"):
         value = getattr(case, size, None)
         if isinstance(value, int) and not isinstance(value, bool):

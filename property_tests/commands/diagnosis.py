@@ -39,7 +39,7 @@ from mla_fuse_conformance.settings import profiles
 FAILURES = (AssertionError, RaisedInChild, Crashed)
 # relations a failure of a write needs trivially (nothing written, nothing wrong): listed last, and
 # the fields they explain summarized in one line
-PRECONDITIONS = ("some slot written (slot >= 0)",)
+PRECONDITIONS = ("some slot written (slot >= 0)", "tokens > 0")
 SEEDS = 2  # a value passes when the example passes with this many seeds
 RATE_EXAMPLES = 12  # random cases inside a cell to measure its failure rate
 
@@ -135,7 +135,7 @@ class Diagnosis:
         trivial = [f for f in self.fields if f.explained_by in [f"{p}: yes fails" for p in PRECONDITIONS]]
         out += [f"{indent}{finding.line()}" for finding in self.fields if finding not in trivial]
         if trivial:
-            out.append(f"{indent}{', '.join(f.field for f in trivial)}: pass only with values that write no slot "
+            out.append(f"{indent}{', '.join(f.field for f in trivial)}: pass only with values that leave nothing to do (no token, or no slot written) "
                        f"({'; '.join(f'{f.field} {chr(44).join(f.passing)}' for f in trivial)})")
         if self.dropped:
             out.append(f"{indent}({self.dropped} other field(s) varied: every value fails, so they are any value)")
