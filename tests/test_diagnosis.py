@@ -171,3 +171,31 @@ def test_fields_vary_one_at_a_time_and_relations_come_from_the_tensors():
     assert fields.relations(tensors.build(row_major, "cpu"))["kv_cache block stride == block_size x entry stride"]
     gap = fields.vary(row_major, "cache_place.pad[1]", 1)  # a gap after each block
     assert not fields.relations(tensors.build(gap, "cpu"))["kv_cache block stride == block_size x entry stride"]
+
+
+def test_the_vllm_cpu_mla_pool_cells_are_caches_whose_blocks_are_not_runs_of_entries():
+    """docs/VLLM_CPU.md: the two replay files of vLLM's old `cache layout view into a pool` cells
+    (`order=(1, 0, 2)`; a padded block dim) are caches whose block stride is not block_size x the
+    entry stride, while the pool views checked by hand to be written right (an interleaved
+    `pool[:, :, 0]` of `[NB, B, 2, E]`, a block range of a pool, padded entries) have it."""
+    import json
+    import pathlib
+
+    from mla_fuse_conformance.cases.types import from_jsonable
+
+    relation = "kv_cache block stride == block_size x entry stride"
+    root = pathlib.Path(__file__).resolve().parents[1] / "docs" / "vllm-cpu" / "vllm-cpu-amx" / "failures"
+    pooled = [json.loads(path.read_text()) for path in sorted(root.glob("test_mla_cache_write_*.json"))]
+    pooled = [record for record in pooled if record.get("cell", {}).get("cache layout") == "view into a pool"]
+    assert len(pooled) == 2
+    for record in pooled:
+        case = from_jsonable(record["case"])
+        assert fields.relations(tensors.build(case, "cpu"))[relation] is False, case.cache_place
+    case = from_jsonable(pooled[0]["case"])
+    case = dataclasses.replace(case, num_blocks=3, block_size=4)
+    width = case.latent + case.rotary_dim
+    for written_right in (Placement(pad=(0, 0, width), offset=(0, 0, 0)),  # pool[:, :, 0] of [NB, B, 2, E]
+                          Placement(pad=(5, 0, 0), offset=(2, 0, 0)),  # blocks 2..4 of a pool of 8
+                          Placement(pad=(0, 0, 3), offset=(0, 0, 1))):  # padded entries
+        built = tensors.build(dataclasses.replace(case, cache_place=written_right), "cpu")
+        assert fields.relations(built)[relation] is True, written_right
