@@ -76,6 +76,14 @@ class SlotTimesEntryStride(OnlyMla):
                 rows[slot] = entries[token]
 
 
+class RareLatent(OnlyMla):
+    """Wrong only for latent 37 (a random search of a few examples does not meet it)."""
+    def concat_and_cache_mla(self, kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale):
+        super().concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale)
+        if kv_c.size(1) == 37:
+            spoil_first_entry(kv_cache, slot_mapping)
+
+
 class Fp8Alias(OnlyMla):
     """"fp8" (the alias of fp8_e4m3) mishandled."""
     def concat_and_cache_mla(self, kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale):
@@ -110,7 +118,7 @@ def user_dir(tmp_path, monkeypatch):
     return tmp_path
 
 
-def _map(spec: str, max_examples: int = 30):
+def _map(spec: str, max_examples: int = 30, known: tuple = ()):
     impl = load_implementation(f"wrong_adapters:{spec}")
     prop = property_named(MLA_PROPERTY)
     def run_example(case):  # in this process; what the kernel raises fails the example, as in verify's children
@@ -119,7 +127,7 @@ def _map(spec: str, max_examples: int = 30):
         except RuntimeError as error:
             raise AssertionError(f"raised {error}") from error
 
-    found = map_property(prop, impl, "cpu", run_example, max_examples=max_examples, rounds=2)
+    found = map_property(prop, impl, "cpu", run_example, max_examples=max_examples, rounds=2, known=known)
     print("\n".join(found.lines()))
     return found
 
@@ -199,3 +207,16 @@ def test_the_vllm_cpu_mla_pool_cells_are_caches_whose_blocks_are_not_runs_of_ent
                           Placement(pad=(0, 0, 3), offset=(0, 0, 1))):  # padded entries
         built = tensors.build(dataclasses.replace(case, cache_place=written_right), "cpu")
         assert fields.relations(built)[relation] is True, written_right
+
+
+def test_a_failing_property_gets_a_cell_or_the_reason_it_has_none(user_dir):
+    """The map's search may miss what the test met: the test's failing example is diagnosed (not
+    shrunk); when there is none to rerun, the map says why it has no cell."""
+    rare = MlaCase(seed=3, tokens=2, heads=1, latent=37, rotary_dim=2, dtype="bfloat16", kv_cache_dtype="auto",
+                   num_blocks=2, block_size=2, slots=SlotSpec(2), table=TableSpec("plain", 2, 1))
+    found = _map("RareLatent", max_examples=3, known=(rare,))
+    assert [cell.source for cell in found.cells] == ["test run"], found.lines()
+    assert "latent" in [finding["field"] for finding in found.cells[0].diagnosis["fields"]]
+    assert "not shrunk" in "\n".join(found.lines())
+    missed = _map("RareLatent", max_examples=3)
+    assert not missed.cells and "no failing cell: the map's search met no failure" in "\n".join(missed.lines())
