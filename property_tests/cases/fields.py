@@ -262,7 +262,8 @@ def valid(case) -> bool:
         return False
     if isinstance(case, MlaCase):
         return case.rotary_dim % 2 == 0 and case.latent >= 1 and case.table.rotary_dim == case.rotary_dim
-    return case.head_size >= case.table.rotary_dim and case.kv_heads >= 1 and case.heads % case.kv_heads == 0
+    return (case.head_size >= case.table.rotary_dim and case.table.rotary_dim % 2 == 0 and case.kv_heads >= 1
+            and case.heads % case.kv_heads == 0)
 
 
 def vary(case, path: str, value):
