@@ -100,7 +100,9 @@ def test_the_map_finds_the_cell_of_a_planted_bug(user_dir):
     assert [cell.features for cell in found.cells] == [{"query rank": "3", "heads": ">1"}]
     assert found.cells[0].kind == "wrong result" and os.path.exists(found.cells[0].file)
     assert found.complete and found.passing["query rank"]["2"] > 0 and found.passing["heads"][">1"] > 0
-    assert any("fails   query rank 3, heads >1: wrong result" in line for line in found.lines())
+    title = next(line for line in found.lines() if line.startswith("  fails   "))
+    assert "rank 3" in title and "heads > 1: yes" in title and "wrong result" in title, found.lines()
+    assert any("feature axes: query rank 3, heads >1" in line for line in found.lines())
 
 
 def test_a_crashing_kernel_is_mapped_and_shrunk_like_any_failure(user_dir):

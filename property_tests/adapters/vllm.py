@@ -70,6 +70,11 @@ def _load_cpu_library(name: str) -> pathlib.Path:
         path = _vllm_directory() / f"{name}.abi3.so"
     if not path.exists():
         raise ImportError(f"{path} does not exist ({NOT_INSTALLED})")
+    if path.name.startswith(("_C.", "_C_AVX512.")) and not torch.cpu._is_avx512_supported():
+        # the AVX512 builds use AVX512 instructions as they load: on a CPU without AVX512F the process
+        # ends with SIGILL (measured: AMD EPYC with AVX2 only, `python -c "torch.ops.load_library(...)"`)
+        raise ImportError(f"{path.name} needs a CPU with AVX512F, which this one lacks (loading it ends the process "
+                          "with SIGILL); run it on an AVX512 machine")
     # torch.ops keeps the libraries this process loaded; two builds would register the same _C ops
     loaded = {pathlib.Path(library).resolve() for library in torch.ops.loaded_libraries}
     other = next((library for library in loaded if library.parent == path.resolve().parent

@@ -34,6 +34,7 @@ from mla_fuse_conformance.running import recording
 from mla_fuse_conformance.cases.types import BadInputCase
 from mla_fuse_conformance.running.executor import ChildNotProvided, Crashed, RaisedInChild
 from mla_fuse_conformance.cases.features import AXIS, axes_for, describe, features
+from mla_fuse_conformance.commands import diagnosis as diagnosing
 
 FAILURES = (AssertionError, RaisedInChild, Crashed)
 
@@ -46,6 +47,13 @@ class Cell:
     kind: str
     error: str
     file: str
+    diagnosis: dict | None = None  # diagnosis.Diagnosis as a dict: the trigger in the case's own fields
+    source: str = "shrunk"  # "shrunk" (hypothesis' shrunk case) or "test run" (the property test's example)
+
+    def title(self) -> str:
+        if self.diagnosis is None:
+            return describe(self.features)
+        return diagnosing.Diagnosis.from_dict(self.diagnosis).describe()
 
 
 @dataclasses.dataclass
@@ -57,14 +65,37 @@ class PropertyMap:
     examples: int
     complete: bool  # the last search passed: no failing cell left outside those found
     error: str | None = None  # why the map could not be finished (verify goes on with the others)
+    note: str | None = None  # why there is no failing cell although the property failed
+
+    def merged(self) -> list[list[Cell]]:
+        """Cells with the same trigger, together (two rounds can find one trigger twice)."""
+        groups: dict[str, list[Cell]] = {}
+        for cell in self.cells:
+            groups.setdefault(cell.title(), []).append(cell)
+        return list(groups.values())
 
     def lines(self) -> list[str]:
         if self.error is not None:
             return [f"{self.property}: no map: {self.error.splitlines()[0][:300]}"]
-        out = [f"{self.property}: {len(self.cells)} failing cell(s), {self.examples} examples"
+        groups = self.merged()
+        out = [f"{self.property}: {len(groups)} failing cell(s), {self.examples} examples"
                + ("" if self.complete else " (stopped at the round limit; more cells may fail)")]
-        for cell in self.cells:
-            out.append(f"  fails   {describe(cell.features)}: {cell.kind}  (replay: {recording.replay_command(pathlib.Path(cell.file))})")
+        if not groups and self.note:
+            out.append(f"  no failing cell: {self.note}")
+        for group in groups:
+            cell = group[0]
+            kinds = ", ".join(dict.fromkeys(c.kind for c in group))
+            if cell.diagnosis is None:
+                out.append(f"  fails   {describe(cell.features)}: {kinds}")
+            else:
+                diagnosis = diagnosing.Diagnosis.from_dict(cell.diagnosis)
+                out.append(f"  fails   {diagnosis.describe()}: {kinds}; {diagnosis.rate_text()}"
+                           + ("" if cell.source == "shrunk" else " (from the test run's failing example, not shrunk)"))
+                out += diagnosis.lines()
+                axes = " | ".join(dict.fromkeys(describe(c.features) for c in group))
+                out.append(f"          feature axes: {axes}")
+            for c in group:
+                out.append(f"          replay: {recording.replay_command(pathlib.Path(c.file))}")
         failing_values = {(axis, value) for cell in self.cells for axis, value in cell.features.items()}
         for axis, counts in self.passing.items():
             shown = ", ".join(f"{value}{' (also in a failing cell)' if (axis, value) in failing_values else ''}: "
@@ -81,7 +112,8 @@ def matches(cell: dict[str, str], found: dict[str, str]) -> bool:
     return all(found.get(axis) == value for axis, value in cell.items())
 
 
-def search(prop, strategy, run_example: Callable, exclude: list[dict], max_examples: int, shrink: bool = True):
+def search(prop, strategy, run_example: Callable, exclude: list[dict], max_examples: int, shrink: bool = True,
+           conditions: tuple = ()):
     """Run ``prop`` over ``strategy`` (cases inside any ``exclude`` cell rejected). Returns
     ``(failing case or None, its error, features of the passing examples)``; the failing case is
     hypothesis' shrunk one."""
@@ -95,7 +127,7 @@ def search(prop, strategy, run_example: Callable, exclude: list[dict], max_examp
     @given(case=strategy)
     def explore(case):
         found = features(_base(case), prop.rotates)
-        if any(matches(cell, found) for cell in exclude):
+        if any(matches(cell, found) for cell in exclude) or any(diagnosing.inside(c, case) for c in conditions):
             reject()
         try:
             run_example(case)
@@ -160,15 +192,33 @@ def failing_cell(prop, impl, run_example: Callable, case) -> dict[str, str]:
     return cell
 
 
-def map_property(prop, impl, device, run_example: Callable, max_examples: int, rounds: int = 6) -> PropertyMap:
-    """The conformance map of ``prop`` on ``impl`` (module docstring)."""
+def _cell(prop, impl, device, run_example: Callable, strategy, case, error, source: str = "shrunk") -> Cell:
+    """A failing cell of ``case``: its feature-axis cell, its diagnosis in its own fields with the
+    failure rate inside it, and its replay file."""
+    cell = failing_cell(prop, impl, run_example, case)
+    diagnosis = diagnosing.diagnose(prop, impl, run_example, case)
+    diagnosing.measure_and_refine(prop, impl, strategy, run_example, diagnosis, case)
+    failure = dict(recording.failure_record(prop, impl, device, case, error), cell=cell,
+                   trigger=diagnosis.describe())
+    if getattr(error, "flaky", False):
+        failure["kind"] += ", not the same on replay"
+    path = recording.save_failure(failure, f"map:{prop.name}", profiles.full_name("ci"))
+    return Cell(cell, failure["kind"], failure["error"].splitlines()[0][:300] if failure["error"] else "",
+                str(path), dataclasses.asdict(diagnosis), source)
+
+
+def map_property(prop, impl, device, run_example: Callable, max_examples: int, rounds: int = 6,
+                 known: tuple = ()) -> PropertyMap:
+    """The conformance map of ``prop`` on ``impl`` (module docstring). ``known``: the cases the
+    property's test failed with, diagnosed when the map's own searches meet no failure."""
     cells: list[Cell] = []
     exclude: list[dict] = []
     passing: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     examples, complete = 0, False
     strategy = prop.strategy_for(impl)
     for _ in range(rounds):
-        case, error, passed = search(prop, strategy, run_example, exclude, max_examples)
+        case, error, passed = search(prop, strategy, run_example, exclude, max_examples,
+                                     conditions=tuple(c.diagnosis["condition"] for c in cells if c.diagnosis))
         examples += len(passed) + (case is not None)
         for found in passed:
             for axis, value in found.items():
@@ -176,21 +226,41 @@ def map_property(prop, impl, device, run_example: Callable, max_examples: int, r
         if case is None:
             complete = True
             break
-        cell = failing_cell(prop, impl, run_example, case)
-        failure = dict(recording.failure_record(prop, impl, device, case, error), cell=cell)
-        if getattr(error, "flaky", False):
-            failure["kind"] += ", not the same on replay"
-        path = recording.save_failure(failure, f"map:{prop.name}", profiles.full_name("ci"))
-        cells.append(Cell(cell, failure["kind"], failure["error"].splitlines()[0][:300] if failure["error"] else "",
-                          str(path)))
-        exclude.append(cell)
-        if not cell:  # every case tried fails: nothing left to map
+        cells.append(_cell(prop, impl, device, run_example, strategy, case, error))
+        exclude.append(cells[-1].features)
+        if not cells[-1].features:  # every case tried fails: nothing left to map
             complete = True
             break
+    note = None
+    if not cells:
+        note = _known_failures(prop, impl, device, run_example, strategy, known, cells, examples)
     order = {axis.name: index for index, axis in enumerate(axes_for(prop.rotates))}
     ordered = {axis: dict(sorted(counts.items(), key=lambda item: AXIS[axis].values.index(item[0])))
                for axis, counts in sorted(passing.items(), key=lambda item: order.get(item[0], 99))}
-    return PropertyMap(prop.name, prop.operations, cells, ordered, examples, complete)
+    return PropertyMap(prop.name, prop.operations, cells, ordered, examples, complete, note=note or None)
+
+
+def _known_failures(prop, impl, device, run_example, strategy, known, cells, examples) -> str:
+    """Diagnose the test run's failing cases the map's searches did not meet (appended to
+    ``cells``); else say why the map has no cell."""
+    reran = 0
+    for case in known:
+        if not prop.allows(impl, case):
+            continue
+        reran += 1
+        try:
+            run_example(case)
+        except FAILURES as error:
+            cells.append(_cell(prop, impl, device, run_example, strategy, case, error, source="test run"))
+            return ""
+        except (UnsatisfiedAssumption, ChildNotProvided):
+            continue
+    if reran:
+        return (f"the map's search met no failure in {examples} examples, and the test run's failing "
+                f"example{'s' if reran > 1 else ''} ({reran}) passed when run again: a failure that depends on "
+                "more than the case (the process's state, timing, an earlier example's writes)")
+    return (f"the map's search met no failure in {examples} examples and the test run left no failing "
+            "example to rerun (see the failures above)")
 
 
 @dataclasses.dataclass

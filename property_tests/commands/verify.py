@@ -174,6 +174,7 @@ def run_maps(impl, outcomes: list[dict], profile: str, rounds: int) -> tuple[lis
     """Conformance maps of the failing properties, and the checks of the declared limits."""
     from mla_fuse_conformance.running.devices import select_device
     from mla_fuse_conformance.running.executor import Executor
+    from mla_fuse_conformance.cases import types as case_types
     from mla_fuse_conformance.running.harness import all_properties, property_named
     from mla_fuse_conformance.commands.conformance_map import PropertyMap, check_limit, map_property
 
@@ -187,8 +188,10 @@ def run_maps(impl, outcomes: list[dict], profile: str, rounds: int) -> tuple[lis
                 continue
             print(f"mla-fuse verify: mapping {name} ...", flush=True)
             try:
+                known = tuple(case_types.from_jsonable(line["failure"]["case"]) for line in outcomes
+                              if (line.get("failure") or {}).get("property") == name and line["failure"].get("case"))
                 maps.append(map_property(prop, impl, device, lambda case, p=prop: executor.run(p.name, case),
-                                         max_examples, rounds))
+                                         max_examples, rounds, known=known))
             except Exception as error:  # noqa: BLE001 - one property's map must not cost the report
                 print(f"mla-fuse verify: the map of {name} could not be finished: {type(error).__name__}: "
                       f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}", flush=True)

@@ -1,0 +1,313 @@
+"""What a failing case's failure needs, in the case's own fields (the conformance map's step 2).
+
+Given hypothesis' shrunk failing case:
+
+1. Vary one generated field at a time over its alternatives (``cases.fields``: every size, the
+   block size, each buffer's memory order, padding, offset and storage offset, index dtypes and
+   layouts, value ranges), everything else and the seed kept. A value *fails* when the example
+   fails; it *passes* when the example passes with ``SEEDS`` (3) different seeds (a NaN that happens
+   to hide the one wrong element must not make "no NaN" part of the trigger). A field whose every
+   tried value fails carries no information and is dropped; the others are the trigger's fields,
+   reported as ``block_size: 3, 5 fail; 1, 2, 4 pass``.
+2. Compute derived relations (``fields.relations``: strides against sizes, powers of two, lengths)
+   on every tried case. A relation that takes one value on every failing case tried and another
+   on every passing one *separates* them. Each trigger field is explained by the relation that
+   separates its own values and explains most fields (greedy); a relation that separates every
+   case tried is named as the trigger itself (``kv_cache block stride == block_size x entry
+   stride: no fails, yes passes``).
+3. The cell is the conjunction of those relations (and, for a field no relation explains, its
+   failing values). Its failure rate is measured on random cases inside it (drawn by hypothesis
+   from the property's strategy, the others rejected); where only some fail, a passing member is
+   walked towards the failing case one field at a time: the step where it starts to fail gives a
+   failing and a passing example that differ in one field, reported with the rate ("partial").
+   A drawn case outside a cell with field values is first moved onto them (``fields.vary``), so
+   that a narrow cell (``latent 37``) is measured too.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Callable
+
+from hypothesis import HealthCheck, Phase, Verbosity, given, reject, settings
+from hypothesis.errors import Unsatisfiable, UnsatisfiedAssumption
+
+from mla_fuse_conformance.cases import fields as case_fields
+from mla_fuse_conformance.cases.types import BadInputCase
+from mla_fuse_conformance.running.executor import ChildNotProvided, Crashed, RaisedInChild
+from mla_fuse_conformance.settings import profiles
+
+FAILURES = (AssertionError, RaisedInChild, Crashed)
+# relations a failure of a write needs trivially (nothing written, nothing wrong): listed last, and
+# the fields they explain summarized in one line
+PRECONDITIONS = ("some slot written (slot >= 0)", "tokens > 0")
+SEEDS = 3  # a value passes when the example passes with this many seeds (a NaN can hide a wrong element)
+RATE_EXAMPLES = 12  # random cases inside a cell to measure its failure rate
+
+
+def _base(case):
+    return case.base if isinstance(case, BadInputCase) else case
+
+
+def outcome(run_example: Callable, case) -> bool | None:
+    """True: fails; False: passes; None: does not apply (rejected, not provided)."""
+    try:
+        run_example(case)
+    except FAILURES:
+        return True
+    except (UnsatisfiedAssumption, ChildNotProvided):
+        return None
+    return False
+
+
+def relations_of(case) -> dict[str, bool] | None:
+    """The derived relations of ``case`` (built on the CPU), or None where it cannot be built."""
+    from mla_fuse_conformance.cases import tensors
+
+    try:
+        return case_fields.relations(tensors.build(_base(case), "cpu"))
+    except Exception:  # noqa: BLE001 - a varied case the builders refuse is not tried
+        return None
+
+
+@dataclasses.dataclass
+class FieldFinding:
+    field: str
+    failing: list[str]  # the shrunk case's own value first
+    passing: list[str]
+    explained_by: str | None = None  # a relation that separates this field's failing and passing values
+
+    def line(self) -> str:
+        why = f"  [{self.explained_by}]" if self.explained_by else ""
+        return (f"{self.field}: {', '.join(self.failing)} fail{'s' if len(self.failing) == 1 else ''}; "
+                f"{', '.join(self.passing)} pass{'es' if len(self.passing) == 1 else ''}{why}")
+
+
+@dataclasses.dataclass
+class Diagnosis:
+    """The trigger of one failing case, in its fields and their relations (module docstring)."""
+
+    fields: list[FieldFinding]  # the fields with a passing value
+    relations: dict[str, str]  # relations separating every case tried: name -> the failing value ("yes"/"no")
+    condition: list[list]  # the cell: [["relation", name, "yes"|"no"] | ["field", path, [shown failing values]]]
+    tried: int = 0  # examples run to find the above
+    dropped: int = 0  # fields varied whose every value failed
+    rate: list[int] | None = None  # [failing, tried] among random cases inside the cell
+    pair: dict | None = None  # a partial cell: {"field", "failing", "passing"}: one field apart
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Diagnosis":
+        """Inverse of ``dataclasses.asdict`` (a ``Cell`` keeps its diagnosis as a dict, for report.json)."""
+        return cls(**dict(data, fields=[f if isinstance(f, FieldFinding) else FieldFinding(**f)
+                                        for f in data["fields"]]))
+
+    def describe(self) -> str:
+        parts = []
+        for kind, name, value in sorted(self.condition, key=lambda c: c[1] in PRECONDITIONS and c[2] == "yes"):
+            if kind == "relation":
+                parts.append(f"{name}: {value}")
+            elif kind == "field-not":
+                parts.append(f"{name} not {' or '.join(value)}")
+            else:
+                parts.append(f"{name} {' or '.join(value)}")
+        return "; ".join(parts) or "(any case)"
+
+    def rate_text(self) -> str:
+        if not self.rate or not self.rate[1]:
+            return "failure rate not measured (no random case inside the cell was drawn)"
+        failing, tried = self.rate
+        text = f"fails {failing}/{tried} random cases inside it"
+        if self.pair and "unrefined_rate" in self.pair:
+            before = self.pair["unrefined_rate"]
+            text += (f" (refined: without {self.pair['field']} {self.pair['failing']} the cell failed "
+                     f"{before[0]}/{before[1]}; {self.pair['field']} {self.pair['passing']} passes, the rest of "
+                     "a case the same)")
+        elif failing < tried:
+            text += " (partial"
+            if self.pair:
+                text += (f": {self.pair['field']} {self.pair['failing']} fails, {self.pair['passing']} passes, "
+                         f"the rest of the case the same")
+            text += ")"
+        return text
+
+    def lines(self, indent: str = "          ") -> list[str]:
+        out = [f"{indent}trigger relation {name}: {value} fails, {'yes' if value == 'no' else 'no'} passes"
+               for name, value in self.relations.items()]
+        trivial = [f for f in self.fields if f.explained_by in [f"{p}: yes fails" for p in PRECONDITIONS]]
+        out += [f"{indent}{finding.line()}" for finding in self.fields if finding not in trivial]
+        if trivial:
+            out.append(f"{indent}{', '.join(f.field for f in trivial)}: pass only with values that leave nothing to do (no token, or no slot written) "
+                       f"({'; '.join(f'{f.field} {chr(44).join(f.passing)}' for f in trivial)})")
+        if self.dropped:
+            out.append(f"{indent}({self.dropped} other field(s) varied: every value fails, so they are any value)")
+        return out
+
+
+def _separates(observations: list[tuple[dict, bool]], name: str) -> str | None:
+    """The failing value ("yes"/"no") of relation ``name`` when it separates ``observations``."""
+    failing = {rel.get(name) for rel, fails in observations if fails}
+    passing = {rel.get(name) for rel, fails in observations if not fails}
+    if len(failing) == 1 and passing and None not in failing and not failing & passing:
+        return case_fields.show(next(iter(failing)))
+    return None
+
+
+def diagnose(prop, impl, run_example: Callable, case) -> Diagnosis:
+    """Steps 1 and 2 of the module docstring for ``case`` (a failing case of ``prop``)."""
+    base = _base(case)
+    own = relations_of(base) or {}
+    per_field: dict[str, list[tuple[dict, bool]]] = {}
+    findings: dict[str, FieldFinding] = {}
+    tried = dropped = 0
+    for path, value in case_fields.leaves(base, prop.rotates).items():
+        observations = [(own, True)]
+        failing, passing = [case_fields.show(value)], []
+        for other in case_fields.alternatives(base, path):
+            moved = case_fields.vary(base, path, other)
+            if moved is None or not prop.allows(impl, moved):
+                continue
+            rel = relations_of(moved)
+            if rel is None:
+                continue
+            fails = None
+            for offset in range(SEEDS):
+                reseeded = dataclasses.replace(moved, seed=(moved.seed + offset) % 2 ** 32)
+                tried += 1
+                fails = outcome(run_example, reseeded)
+                if fails is not False:
+                    break
+            if fails is None:
+                continue
+            (failing if fails else passing).append(case_fields.show(other))
+            observations.append((rel, fails))
+        if len(observations) > 1 and not passing:
+            dropped += 1
+        if passing:
+            per_field[path] = observations
+            findings[path] = FieldFinding(path, failing, passing)
+    every = [(own, True)] + [obs for observations in per_field.values() for obs in observations[1:]]
+    names = list(own)
+    separating = {name: value for name in names if (value := _separates(every, name))}
+    # each field's explanation: among the relations separating its own values, the one explaining most fields
+    explains = {name: {path for path, obs in per_field.items() if _separates(obs, name)} for name in names}
+    unexplained = set(per_field)
+    condition: list[list] = [["relation", name, value] for name, value in separating.items()]
+    for name in separating:
+        for path in explains[name]:
+            findings[path].explained_by = f"{name}: {separating[name]} fails"
+        unexplained -= explains[name]
+    while unexplained:
+        name = max(names, key=lambda n: (len(explains[n] & unexplained), -names.index(n)))
+        covered = explains[name] & unexplained
+        if not covered:
+            break
+        value = case_fields.show(own[name])
+        condition.append(["relation", name, value])
+        for path in covered:
+            findings[path].explained_by = f"{name}: {value} fails"
+        unexplained -= covered
+    for path in per_field:
+        if path in unexplained:
+            finding = findings[path]
+            condition.append(["field-not", path, finding.passing] if len(finding.passing) < len(finding.failing)
+                             else ["field", path, finding.failing])
+    ordered = sorted(findings.values(), key=lambda f: (f.explained_by is None, f.explained_by or "", f.field))
+    return Diagnosis(ordered, separating, condition, tried, dropped)
+
+
+def inside(condition: list[list], case, relations: dict | None = None) -> bool:
+    """Whether ``case`` lies in the cell ``condition`` (a ``Diagnosis.condition``)."""
+    base = _base(case)
+    if not condition:
+        return True
+    values = None
+    for kind, name, value in condition:
+        if kind in ("field", "field-not"):
+            values = values or case_fields.leaves(base)
+            if (case_fields.show(values.get(name)) in value) != (kind == "field"):
+                return False
+    if any(kind == "relation" for kind, _, _ in condition):
+        relations = relations if relations is not None else relations_of(base)
+        if relations is None:
+            return False
+        for kind, name, value in condition:
+            if kind == "relation" and case_fields.show(relations.get(name)) != value:
+                return False
+    return True
+
+
+def measure(prop, impl, strategy, run_example: Callable, condition: list[list], failing_case,
+            examples: int = RATE_EXAMPLES) -> tuple[list[int], dict | None]:
+    """Step 3: ``([failing, tried], pair)`` among random cases inside the cell."""
+    counts = collections.Counter()
+    passing_members: list = []
+    own = case_fields.leaves(_base(failing_case))
+
+    @settings(profiles.ci_settings(max_examples=examples, phases=[Phase.explicit, Phase.generate],
+                                   verbosity=Verbosity.quiet, database=None,
+                                   suppress_health_check=list(HealthCheck)))
+    @given(case=strategy)
+    def sample(case):
+        if not inside(condition, case):  # a drawn case moved onto the cell's field values, where it can be
+            for kind, path, _ in condition:
+                if kind == "field" and case is not None and not isinstance(case, BadInputCase):
+                    case = case_fields.vary(case, path, own[path])
+            if case is None or not prop.allows(impl, case) or not inside(condition, case):
+                reject()
+        fails = outcome(run_example, case)
+        if fails is None:
+            reject()
+        counts[fails] += 1
+        if not fails:
+            passing_members.append(_base(case))
+
+    try:
+        sample()
+    except Unsatisfiable:
+        pass
+    rate = [counts[True], counts[True] + counts[False]]
+    pair = None
+    if passing_members:
+        pair = walk(prop, impl, run_example, _base(failing_case), passing_members[0])
+    return rate, pair
+
+
+def measure_and_refine(prop, impl, strategy, run_example: Callable, diagnosis: Diagnosis, failing_case) -> None:
+    """Measure the cell's failure rate; a partial cell whose walk found the field that separates a
+    failing from a passing member is narrowed by that field's failing value and measured again
+    (the pair is kept: it is why the cell was refined)."""
+    diagnosis.rate, diagnosis.pair = measure(prop, impl, strategy, run_example, diagnosis.condition, failing_case)
+    if diagnosis.pair and diagnosis.rate[0] < diagnosis.rate[1]:
+        field = diagnosis.pair["field"]
+        if not any(kind.startswith("field") and name == field for kind, name, _ in diagnosis.condition):
+            narrowed = diagnosis.condition + [["field", field, [diagnosis.pair["failing"]]]]
+            rate, _ = measure(prop, impl, strategy, run_example, narrowed, failing_case)
+            if rate[1]:
+                diagnosis.pair["unrefined_rate"] = diagnosis.rate
+                diagnosis.condition, diagnosis.rate = narrowed, rate
+
+
+def walk(prop, impl, run_example: Callable, failing, passing) -> dict | None:
+    """Move ``failing`` towards ``passing`` one field at a time; at the first step that passes
+    (every seed), the two cases differ in that one field."""
+    if type(failing) is not type(passing):
+        return None
+    target = case_fields.leaves(passing)
+    current = failing
+    for path, value in target.items():
+        own = case_fields.leaves(current).get(path)
+        if own == value:
+            continue
+        moved = case_fields.vary(current, path, value)
+        if moved is None or not prop.allows(impl, moved):
+            continue
+        fails = outcome(run_example, moved)
+        if fails is None:
+            continue
+        if not fails and all(outcome(run_example, dataclasses.replace(moved, seed=moved.seed + k)) is False
+                             for k in range(1, SEEDS)):
+            return {"field": path, "failing": case_fields.show(own), "passing": case_fields.show(value)}
+        if fails:
+            current = moved
+    return None
