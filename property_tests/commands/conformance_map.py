@@ -150,17 +150,6 @@ def search(prop, strategy, run_example: Callable, exclude: list[dict], max_examp
     return None, None, passed
 
 
-def _fails(run_example: Callable, case) -> bool | None:
-    """True / False, or None where the example does not apply (rejected, not provided)."""
-    try:
-        run_example(case)
-    except FAILURES:
-        return True
-    except (UnsatisfiedAssumption, ChildNotProvided):
-        return None
-    return False
-
-
 SEEDS_PER_VARIANT = 3
 
 
@@ -170,7 +159,7 @@ def _passes_for_every_seed(prop, impl, run_example: Callable, case) -> bool:
     to hide the one wrong element must not make "no NaN" part of the cell)."""
     for offset in range(SEEDS_PER_VARIANT):
         reseeded = dataclasses.replace(case, seed=(case.seed + offset) % 2 ** 32)
-        if not prop.allows(impl, reseeded) or _fails(run_example, reseeded) is not False:
+        if not prop.allows(impl, reseeded) or diagnosing.outcome(run_example, reseeded) is not False:
             return False
     return True
 
