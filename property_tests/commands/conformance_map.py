@@ -36,7 +36,7 @@ from mla_fuse_conformance.running.executor import ChildNotProvided, Crashed, Rai
 from mla_fuse_conformance.cases.features import AXIS, axes_for, describe, features
 from mla_fuse_conformance.commands import diagnosis as diagnosing
 
-FAILURES = (AssertionError, RaisedInChild, Crashed)
+FAILURES = diagnosing.FAILURES
 
 
 @dataclasses.dataclass
