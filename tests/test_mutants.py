@@ -42,6 +42,12 @@ ORDER = [
     "test_mla:test_fused_mla_rejects_bad_input",
     "test_flash:test_flash_cache_write_rejects_bad_input",
     "test_flash:test_fused_flash_rejects_bad_input",
+    # real-model sizes, one dimension at a time: the tile, grid and narrow-type mutants
+    "test_real_sizes:test_fused_mla_at_real_sizes",
+    "test_real_sizes:test_fused_flash_at_real_sizes",
+    "test_real_sizes:test_rotary_embedding_at_real_sizes",
+    "test_real_sizes:test_mla_cache_write_at_real_sizes",
+    "test_real_sizes:test_flash_cache_write_at_real_sizes",
 ]
 
 

@@ -7,7 +7,10 @@ Every strategy shrinks toward the plain case: few tokens, contiguous tensors, a 
 plain fp32 table, an ``auto`` cache, unit scales.
 
 Sizes come from ``limits()``: small on the CPU (the Triton interpreter runs every
-kernel there), larger under the ``gpu`` profile or ``MLA_FUSE_PROPERTY_SIZES=large``.
+kernel there); under the ``gpu`` profile (``nightly`` on a GPU, or
+``MLA_FUSE_PROPERTY_SIZES=large``) up to the model presets' largest sizes, those exact sizes
+included (``declarations/presets.py``). Every profile also runs ``cases/boundaries.py``'s
+crossings (``properties/test_real_sizes.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from hypothesis import strategies as st
 from mla_fuse_conformance.declarations.dtypes import (FLOAT_DTYPES, FP8_CACHE_DTYPES, FP8_FORMAT_OF_KV_CACHE_DTYPE,
                                                        FP8_FORMATS, FP8_STORAGES, INDEX_DTYPES)
 from mla_fuse_conformance.declarations.operations import FAMILY_OF_OPERATION, FUSED_OPERATIONS, OPERATIONS
+from mla_fuse_conformance.declarations.presets import SERVING, largest, values_of
 from mla_fuse_conformance.settings import profiles
 from mla_fuse_conformance.cases.types import (BadInputCase, FlashCase, MlaCase, Placement, PositionSpec, RopeCase, ScaleSpec,
                                   SlotSpec, TableSpec, ValueSpec)
@@ -46,29 +50,52 @@ class Limits:
     large_table_rows: tuple[int, ...]  # poisoned (sparse) tables: only the rows read are computed
     yarn_original_positions: tuple[int, ...]
     large_pool_elements: int  # a large pool puts the cache view past this many elements (2^16 and more)
+    model_sizes: bool = False  # also draw the exact sizes of the model presets and serving engines
 
 
 SMALL = Limits(max_tokens=40, max_heads=5, max_kv_heads=3, max_head_size=40, max_rotary_dim=32, max_latent=64,
                max_nope=16, max_extra_blocks=4, block_sizes=(1, 2, 3, 4, 5, 8, 16, 32), max_full_table_rows=4096,
                large_table_rows=(2 ** 15 + 3, 2 ** 17), yarn_original_positions=(16, 32, 64, 2048),
                large_pool_elements=2 ** 16 + 2 ** 12)
-LARGE = Limits(max_tokens=2048, max_heads=32, max_kv_heads=8, max_head_size=256, max_rotary_dim=128,
-               max_latent=512, max_nope=128, max_extra_blocks=64, block_sizes=(1, 3, 16, 32, 64, 128),
-               max_full_table_rows=8192, large_table_rows=(2 ** 17, 163840, 2 ** 20),
-               yarn_original_positions=(64, 512, 4096), large_pool_elements=2 ** 24)
+# the gpu and nightly profiles: up to the largest size of any model preset or serving engine
+# (declarations/presets.py), and those exact sizes drawn as ordinary cases (model_sizes)
+LARGE = Limits(max_tokens=largest("tokens"), max_heads=largest("heads"), max_kv_heads=largest("kv_heads"),
+               max_head_size=largest("head_size"), max_rotary_dim=largest("rotary_dim"),
+               max_latent=largest("latent"), max_nope=largest("nope"), max_extra_blocks=64,
+               block_sizes=tuple(sorted({*SERVING.block_sizes, 3, 5, 48})), max_full_table_rows=8192,
+               large_table_rows=(2 ** 17, largest("table_rows"), 2 ** 20), yarn_original_positions=(64, 512, 4096),
+               large_pool_elements=2 ** 24, model_sizes=True)
+
+
+@functools.cache
+def _has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def limits() -> Limits:
-    """Sizes for the current run: ``$MLA_FUSE_PROPERTY_SIZES`` (small/large), else by profile."""
+    """Sizes for the current run: ``$MLA_FUSE_PROPERTY_SIZES`` (small/large), else by profile
+    (``gpu``, and ``nightly`` where a GPU is present: large)."""
     choice = os.environ.get(SIZES_ENV_VAR)
     if choice is None:
-        choice = "large" if profiles.current() == "gpu" else "small"
+        large = profiles.current() == "gpu" or (profiles.current() == "nightly" and _has_gpu())
+        choice = "large" if large else "small"
     return LARGE if choice == "large" else SMALL
 
 
 def weighted(*options_and_weights):
     """``sampled_from`` with whole-number weights, shrinking toward the first option."""
     return st.sampled_from([option for option, weight in options_and_weights for _ in range(weight)])
+
+
+def sizes(field: str, low: int, high: int, unit: int = 1):
+    """Any size in ``[low, high]``; with ``model_sizes``, also (one time in four) a size some model
+    preset has in ``field`` at some TP degree, divided by ``unit`` (shrinks toward ``low``)."""
+    anything = st.integers(low, high)
+    used = [value // unit for value in values_of(field) if low <= value // unit <= high and not value % unit] \
+        if limits().model_sizes else []
+    return st.one_of(anything, anything, anything, st.sampled_from(used)) if used else anything
 
 
 seeds = st.integers(0, 2 ** 32 - 1)
@@ -88,12 +115,15 @@ def token_counts(draw, max_tokens: int | None = None, min_tokens: int = 0) -> in
     low = min(max(min_tokens, 2), top)  # 0 and 1 come from their own branches, not by chance
     if kind == "few":
         return draw(st.integers(low, min(top, max(low, 8))))
+    if limits().model_sizes and draw(st.booleans()):  # a decode batch, or a prefill chunk up to the limit
+        decode_low, decode_high = SERVING.decode_tokens
+        return draw(st.integers(max(low, decode_low), min(top, decode_high)))
     return draw(st.integers(low, top))
 
 
 @st.composite
 def rotary_dims(draw, max_dim: int) -> int:
-    return 2 * draw(st.integers(1, max(max_dim // 2, 1)))
+    return 2 * draw(sizes("rotary_dim", 1, max(max_dim // 2, 1), unit=2))
 
 
 # ---------------------------------------------------------------- tables and indices
@@ -240,9 +270,9 @@ def rope_cases(draw, max_tokens: int | None = None, min_tokens: int = 0) -> Rope
     """``rotary_embedding``: q (and k, or none), rank 2 or 3, partial rotary, packed or strided."""
     lim = limits()
     tokens = draw(token_counts(max_tokens, min_tokens))
-    heads = draw(st.integers(1, lim.max_heads))
-    kv_heads = draw(st.integers(1, lim.max_kv_heads)) if draw(weighted((True, 3), (False, 1))) else 0
-    head_size = draw(st.integers(2, lim.max_head_size))
+    heads = draw(sizes("heads", 1, lim.max_heads))
+    kv_heads = draw(sizes("kv_heads", 1, lim.max_kv_heads)) if draw(weighted((True, 3), (False, 1))) else 0
+    head_size = draw(sizes("head_size", 2, lim.max_head_size))
     rotary_dim = draw(rotary_dims(min(head_size, lim.max_rotary_dim)))
     rank = draw(st.sampled_from((3, 2)))
     layout = draw(layouts())
@@ -262,9 +292,9 @@ def mla_cases(draw, fused: bool = True, max_tokens: int | None = None, min_token
     lim = limits()
     tokens = draw(token_counts(max_tokens, min_tokens))
     dtype = draw(dtypes)
-    latent = draw(st.integers(1, lim.max_latent))
+    latent = draw(sizes("latent", 1, lim.max_latent))
     rotary_dim = draw(rotary_dims(lim.max_rotary_dim))
-    heads = draw(st.integers(1, lim.max_heads)) if fused else 1
+    heads = draw(sizes("heads", 1, lim.max_heads)) if fused else 1
     num_blocks, block_size = draw(block_geometry(tokens))
     kv_cache_dtype, storage = draw(cache_formats(dtype))
     scale = draw(scale_specs())
@@ -289,9 +319,9 @@ def flash_cases(draw, fused: bool = True, max_tokens: int | None = None, min_tok
     lim = limits()
     tokens = draw(token_counts(max_tokens, min_tokens))
     dtype = draw(dtypes)
-    kv_heads = draw(st.integers(1, lim.max_kv_heads))
+    kv_heads = draw(sizes("kv_heads", 1, lim.max_kv_heads))
     heads = kv_heads * draw(st.integers(1, max(lim.max_heads // kv_heads, 1))) if fused else kv_heads
-    head_size = draw(st.integers(2, lim.max_head_size))
+    head_size = draw(sizes("head_size", 2, lim.max_head_size))
     value_head_size = head_size if draw(st.booleans()) else draw(st.integers(1, lim.max_head_size))
     rotary_dim = draw(rotary_dims(min(head_size, lim.max_rotary_dim)))
     num_blocks, block_size = draw(block_geometry(tokens))

@@ -29,6 +29,12 @@ BUG_CLASSES: dict[str, tuple[str, str]] = {
     "odd_token_tail": ("RoPE geometry", "the last token of an odd token count is not processed"),
     "block_tail_dropped": ("RoPE geometry", "tokens past the last full block of 16 are not processed"),
     "decode_rows_misindexed": ("RoPE geometry", "every row reads the position of row 0"),
+    # Real-model sizes (a tile or grid that covers the sizes a quick test draws, not the models')
+    "heads_tile_64_without_loop": ("Real-model sizes", "heads past the first 64 of q or k not rotated"),
+    "rotary_tile_32_pairs_without_loop": ("Real-model sizes", "pairs past the first 32 (rotary width > 64) not rotated"),
+    "entry_tile_256_without_loop": ("Real-model sizes", "columns past 256 of a cache entry's row not written"),
+    "token_grid_capped_at_65535": ("Real-model sizes", "tokens past 65,535 (CUDA grid y/z) not processed"),
+    "positions_narrowed_to_16_bits": ("Real-model sizes", "positions read as uint16: 65,536 and above wrap"),
     # Positions and indices
     "positions_read_as_int32": ("Positions and indices", "int64 positions read through an int32 pointer"),
     "positions_flattened": ("Positions and indices", "positions of another shape silently flattened"),
@@ -73,6 +79,11 @@ APPROXIMATED = {
     "address_wraps_at_2_16": "int32 address overflow needs > 2^31 elements; the wrap is modelled at 2^16",
     "reads_slot_mapping_past_end": "an out-of-bounds masked load, modelled as reading the storage past the view",
     "positions_read_as_int32": "a pointer reinterpretation, modelled on a contiguous copy of the positions",
+    "heads_tile_64_without_loop": "a kernel's fixed tile over heads, modelled by leaving the heads past it alone",
+    "rotary_tile_32_pairs_without_loop": "a kernel's fixed tile over rotary pairs, modelled likewise",
+    "entry_tile_256_without_loop": "a kernel's fixed tile over an entry's columns, modelled likewise",
+    "token_grid_capped_at_65535": "a grid dimension capped at CUDA's limit, modelled by dropping the rows past it",
+    "positions_narrowed_to_16_bits": "a narrow position type in a kernel, modelled by reducing positions mod 2^16",
 }
 
 #: Variants without a bug (other declarations, honoured): the suite must pass them.

@@ -8,6 +8,8 @@ import torch
 
 from mla_fuse_conformance.mutants.eager_rope import UNPROCESSED_BLOCK
 
+ENTRY_TILE = 256  # entry_tile_256_without_loop
+
 
 class CacheWriteStage:
     """MLA and flash cache writes, with the slot and layout bugs."""
@@ -45,6 +47,8 @@ class CacheWriteStage:
         """Write ``entries [T, heads, width]`` at their slots by explicit address arithmetic on the
         cache's storage, honouring its block, entry, head and element strides."""
         tokens = entries.size(0)
+        if self.bug == "entry_tile_256_without_loop":
+            cache, entries = cache[..., :ENTRY_TILE], entries[..., :ENTRY_TILE]
         processed = self._processed_tokens(tokens).to(cache.device)
         slots = self._slots(slot_mapping, tokens).to(cache.device)
         if cache.element_size() == 1:

@@ -6,6 +6,9 @@ from __future__ import annotations
 import torch
 
 UNPROCESSED_BLOCK = 16
+HEAD_TILE = 64  # heads_tile_64_without_loop
+PAIR_TILE = 32  # rotary_tile_32_pairs_without_loop
+GRID_ROWS = 65535  # token_grid_capped_at_65535
 
 
 class RopeStage:
@@ -26,6 +29,8 @@ class RopeStage:
             rows[-1] = False
         if self.bug == "block_tail_dropped" and tokens > UNPROCESSED_BLOCK and tokens % UNPROCESSED_BLOCK:
             rows[tokens - tokens % UNPROCESSED_BLOCK:] = False
+        if self.bug == "token_grid_capped_at_65535":
+            rows[GRID_ROWS:] = False
         return rows
 
     def _rotated_rows(self, tensor: str, slot_mapping: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
@@ -46,6 +51,8 @@ class RopeStage:
         if self.bug == "positions_read_as_int32" and positions.dtype == torch.int64:
             return positions.contiguous().view(torch.int32)[:tokens].long()
         positions = positions.long()
+        if self.bug == "positions_narrowed_to_16_bits":
+            positions = positions % 2 ** 16
         if self.bug == "decode_rows_misindexed" and tokens:
             return positions[:1].expand(tokens)
         return positions
@@ -68,6 +75,8 @@ class RopeStage:
             first, second = first + head_size - rotary_dim, second + head_size - rotary_dim
         if self.bug == "rotary_width_larger_than_head_accepted":
             first, second = first % head_size, second % head_size
+        if self.bug == "rotary_tile_32_pairs_without_loop":
+            first, second, column = first[:PAIR_TILE], second[:PAIR_TILE], column[:PAIR_TILE]
         return first, second, column
 
     def _rope(self, positions, x: torch.Tensor, cos_sin_cache: torch.Tensor, is_neox: bool, rows: torch.Tensor,
@@ -103,6 +112,8 @@ class RopeStage:
         else:
             new_a, new_b = (a * cos - b * sin).to(x.dtype), (b * cos + a * sin).to(x.dtype)
         keep = ~rows.to(x.device)[:, None, None]
+        if self.bug == "heads_tile_64_without_loop":
+            keep = keep | (torch.arange(num_heads, device=x.device) >= HEAD_TILE)[None, :, None]
         new_a, new_b = torch.where(keep, x[..., first], new_a), torch.where(keep, x[..., second], new_b)
         if self.bug == "pairs_permuted_in_output" and not is_neox:
             pairs = torch.arange(rotary_dim // 2, device=x.device)
