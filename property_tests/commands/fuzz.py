@@ -37,7 +37,8 @@ every property failing, died, and is reported with the end of its log (each work
 log, ``DIR/worker-i.log``) as the campaign's failure to run.
 
 Exit status (``EXIT_*``): 0 nothing failed; 1 a failure the replay pass reproduced (its replay
-file is named); 2 bad arguments; 3 the campaign could not run (a worker died or ended on its
+file is named); 2 bad arguments, or the ``fuzz`` extra is not installed (one line naming the
+missing package and ``pip install "mla_fuse[fuzz]"``); 3 the campaign could not run (a worker died or ended on its
 own, no property ran an input, the replay pass did not run); 4 a failure a worker hit that did
 not reproduce on replay (reported with both outcomes, never as a plain FAIL) and nothing else.
 """
@@ -45,6 +46,7 @@ not reproduce on replay (reported with both outcomes, never as a plain FAIL) and
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import pathlib
@@ -72,6 +74,8 @@ from mla_fuse_conformance.running import recording
 
 REPLAY_TIMEOUT_SECONDS = 900
 DEFAULT_OUT = pathlib.Path(".mla_fuse_reports") / "fuzz"
+FUZZ_EXTRA_PACKAGES = ("hypofuzz", "psutil")  # what a campaign imports beyond the test extra (redis: a Redis --db)
+INSTALL_FUZZ_EXTRA = 'pip install "mla_fuse[fuzz]"'
 
 
 # ---------------------------------------------------------------- the replay pass
@@ -128,6 +132,16 @@ def replay_stored_failures(options, summaries: dict[str, PropertySummary], out_d
 
 
 # ---------------------------------------------------------------- the command
+
+
+def missing_fuzz_package() -> str | None:
+    """The first package of the ``fuzz`` extra that does not import (or the module it lacks), else None."""
+    for package in FUZZ_EXTRA_PACKAGES:
+        try:
+            importlib.import_module(package)
+        except ImportError as error:
+            return error.name or package
+    return None
 
 
 def check_options(options) -> None:
@@ -190,6 +204,10 @@ def add_fuzz(commands) -> None:
     def run(args) -> int:
         from mla_fuse_conformance.contract.implementation import resolve_spec
 
+        missing = missing_fuzz_package()
+        if missing is not None:
+            print(f"mla-fuse fuzz: needs {missing!r}, which is not installed (the fuzz extra): {INSTALL_FUZZ_EXTRA}")
+            return EXIT_BAD_ARGUMENTS
         args.spec = resolve_spec(args.spec)
         args.pytest_args = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
         if not args.bad_input:  # a later -k of the user's wins (pytest keeps the last)
