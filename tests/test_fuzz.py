@@ -248,6 +248,31 @@ def test_bad_arguments_are_refused_before_any_worker_starts(arguments, complaint
     assert not out.exists()
 
 
+@pytest.mark.parametrize("package", ["hypofuzz", "psutil"])
+def test_without_the_fuzz_extra_the_command_names_the_package_and_how_to_install_it(package, tmp_path, capsys,
+                                                                                     monkeypatch):
+    """Without the ``fuzz`` extra, ``mla-fuse fuzz`` crashed on the import; now one line and status 2."""
+    monkeypatch.setitem(sys.modules, package, None)  # `import package` raises ImportError, as when not installed
+    out = tmp_path / "out"
+    assert cli.main(["fuzz", "--impl", "mutant:none", "--out", str(out)]) == fuzz.EXIT_BAD_ARGUMENTS == 2
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == 1 and f"{package!r}" in printed[0], printed
+    assert printed[0].endswith('pip install "mla_fuse[fuzz]"')
+    assert not out.exists()
+
+
+def test_python_m_fuzz_without_hypofuzz_exits_2_with_one_line(tmp_path):
+    """The same through ``python -m mla_fuse_conformance fuzz``, in a process where hypofuzz is absent
+    (HYPOTHESIS_NO_PLUGINS: hypothesis does not load hypofuzz's entry point, as where it is not installed)."""
+    script = ("import runpy, sys; sys.modules['hypofuzz'] = None; sys.argv = ['mla_fuse_conformance', 'fuzz']; "
+              "runpy.run_module('mla_fuse_conformance', run_name='__main__')")
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "HYPOTHESIS_NO_PLUGINS": "1"})
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stdout.splitlines() == ["mla-fuse fuzz: needs 'hypofuzz', which is not installed (the fuzz extra): "
+                                        'pip install "mla_fuse[fuzz]"'] and "Traceback" not in done.stderr
+
+
 def test_the_summary_file_says_what_failed(tmp_path, capsys):
     class Options:
         spec, db, read_only, minutes = "mutant:x", None, False, 1.0

@@ -22,7 +22,7 @@ import mla_fuse.compile as mc
 from mla_fuse.passes import FusionConfig, pattern_utils
 from mla_fuse.passes.mla_rope_kvcache_fusion import MLARopeKVCacheFusionPass
 from mla_fuse.passes.rope_kvcache_fusion import RopeKVCacheFusionPass
-from mla_fuse_conformance.pass_models import (
+from mla_fuse_conformance.cases.pass_models import (
     FUSED_OP, PASS_NAME, UNIFIED_OP, MhaGeometry, ModelSpec, assert_same_results, build_model, count_calls,
     final_graph, layer_of, run, same_weights, toy_caches, toy_step,
 )

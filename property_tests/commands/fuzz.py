@@ -37,7 +37,8 @@ every property failing, died, and is reported with the end of its log (each work
 log, ``DIR/worker-i.log``) as the campaign's failure to run.
 
 Exit status (``EXIT_*``): 0 nothing failed; 1 a failure the replay pass reproduced (its replay
-file is named); 2 bad arguments; 3 the campaign could not run (a worker died or ended on its
+file is named); 2 bad arguments, or the ``fuzz`` extra is not installed (one line naming the
+missing package and ``pip install "mla_fuse[fuzz]"``); 3 the campaign could not run (a worker died or ended on its
 own, no property ran an input, the replay pass did not run); 4 a failure a worker hit that did
 not reproduce on replay (reported with both outcomes, never as a plain FAIL) and nothing else.
 """
@@ -45,346 +46,36 @@ not reproduce on replay (reported with both outcomes, never as a plain FAIL) and
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import importlib
 import json
 import os
 import pathlib
-import re
-import shlex
-import signal
 import socket
 import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ElementTree
 
+# The campaign's parts, by role: the workers, what HypoFuzz recorded, the report. Their public names
+# stay importable from this module (tests and scripts import them from mla_fuse_conformance.commands.fuzz).
+from mla_fuse_conformance.commands.fuzz_records import (  # noqa: F401
+    CampaignWindow, PropertySummary, failure_message, read_campaign,
+)
+from mla_fuse_conformance.commands.fuzz_report import (  # noqa: F401
+    EXIT_BAD_ARGUMENTS, EXIT_COULD_NOT_RUN, EXIT_DID_NOT_REPLAY, EXIT_FAILED, EXIT_PASSED, campaign_errors, exit_status,
+    write_report,
+)
+from mla_fuse_conformance.commands.fuzz_workers import (  # noqa: F401
+    SUITE_DIR, WORKER_MODULE, Worker, cuda_devices, pytest_options, start_workers, stop, suite_files, wait_for,
+    worker_command, worker_devices, worker_environment,
+)
 from mla_fuse_conformance.settings import database
-from mla_fuse_conformance.settings import profiles
 from mla_fuse_conformance.running import recording
 
-SUITE_DIR = pathlib.Path(__file__).resolve().parent.parent / "properties"  # the property modules: pytest's rootdir
-KERNEL_PROPERTY_MODULES = ("test_rotary_embedding", "test_mla", "test_flash")
-COMPILE_PASS_MODULES = ("test_compile_passes",)
-PASSES_IMPLEMENTATION = "triton"
-WORKER_MODULE = "mla_fuse_conformance.commands.fuzz_worker"  # HypoFuzz's fuzzing loop without its hub
-STOP_CHECK_SECONDS = 2.0
-STOP_GRACE_SECONDS = 20.0
 REPLAY_TIMEOUT_SECONDS = 900
-ALL_FAILED = "Found a failing input for every test!"  # what a worker prints when it stops on its own
-TARGET_COUNT = re.compile(r"using \d+ process(?:es)? to fuzz (\d+) tests?")  # and how many it fuzzes
 DEFAULT_OUT = pathlib.Path(".mla_fuse_reports") / "fuzz"
-EXIT_PASSED, EXIT_FAILED, EXIT_BAD_ARGUMENTS, EXIT_COULD_NOT_RUN, EXIT_DID_NOT_REPLAY = 0, 1, 2, 3, 4
-LOG_TAIL_LINES = 15  # of a dead worker's log, in the report
-
-
-# ---------------------------------------------------------------- what the workers run
-
-
-def suite_files(spec: str) -> list[str]:
-    modules = KERNEL_PROPERTY_MODULES + (COMPILE_PASS_MODULES if spec == PASSES_IMPLEMENTATION else ())
-    return [str(SUITE_DIR / f"{module}.py") for module in modules]
-
-
-def pytest_options(spec: str, profile: str) -> list[str]:
-    """Node ids relative to the suite's directory: the ids HypoFuzz keys the database by
-    (``database.key_by_suite_node_id``)."""
-    return [f"--rootdir={SUITE_DIR}", "-p", "no:cacheprovider", f"--mla-fuse-impl={spec}",
-            f"--hypothesis-profile={profiles.full_name(profile)}"]
-
-
-def worker_command(spec: str, extra_pytest_args: list[str]) -> list[str]:
-    return [sys.executable, "-m", WORKER_MODULE, *suite_files(spec), *pytest_options(spec, "nightly"),
-            *extra_pytest_args]
-
-
-def worker_environment(options, device: str | None, read_only: bool, inflight: pathlib.Path | None = None) -> dict[str, str]:
-    """``inflight``: the process's own in-flight file. Two processes sharing one (the default
-    ``inflight-main.json`` of every non-xdist pytest run) moved each other's file away, and the
-    suite's bookkeeping failed an example that then passed on replay."""
-    from mla_fuse_conformance.running.devices import DEVICE_ENV_VAR  # imports torch: not at `mla-fuse` start
-
-    env = dict(os.environ)
-    if inflight is not None:
-        env[recording.INFLIGHT_ENV] = str(inflight)
-    env[database.DATABASE_ENV_VAR] = options.db or str(database.default_directory())
-    env.pop(database.READ_ONLY_ENV_VAR, None)
-    if read_only:
-        env[database.READ_ONLY_ENV_VAR] = "1"
-    if device is not None:
-        env[DEVICE_ENV_VAR] = device
-    return env
-
-
-def cuda_devices() -> list[str]:
-    import torch
-
-    return [f"cuda:{index}" for index in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
-
-
-def worker_devices(workers: int, gpus: list[str]) -> list[str | None]:
-    """Worker i on GPU i (round robin), unless ``$MLA_FUSE_DEVICE`` already chooses, or there is none."""
-    from mla_fuse_conformance.running.devices import DEVICE_ENV_VAR
-
-    if not gpus or os.environ.get(DEVICE_ENV_VAR):
-        return [None] * workers
-    return [gpus[index % len(gpus)] for index in range(workers)]
-
-
-# ---------------------------------------------------------------- what HypoFuzz recorded
-
-
-@dataclasses.dataclass
-class PropertySummary:
-    nodeid: str
-    database_key: str  # hex: hypothesis keeps the property's failures under it (and HypoFuzz under key + suffixes)
-    inputs: int = 0  # inputs run by this campaign's workers, all together
-    behaviors: int = 0  # HypoFuzz behaviours covered (branches + events), best worker
-    fingerprints: int = 0  # distinct sets of behaviours, best worker
-    first_failure_at: list[int] = dataclasses.field(default_factory=list)  # per failing worker
-    shrunk: bool = False  # a worker has finished shrinking its failure (HypoFuzz's "failed" phase)
-    failures: list[str] = dataclasses.field(default_factory=list)  # stored in the database
-    skipped: str | None = None
-    replay: str | None = None  # outcome of the replay pass: passed, failed, skipped, "not run", or None (not replayed)
-    replay_files: list[str] = dataclasses.field(default_factory=list)
-
-    @property
-    def verdict(self) -> str:
-        """``FAIL``: the replay pass reproduced a failure; ``did not replay``: a worker failed on it but
-        the replay of what it stored passed (or nothing was stored to replay); else ``skipped``,
-        ``pass`` or ``not run``."""
-        if self.replay == "failed":
-            return "FAIL"
-        if self.first_failure_at or self.failures:
-            return "did not replay"
-        if self.skipped:
-            return "skipped"
-        return "pass" if self.inputs else "not run"
-
-
-def total_inputs(report) -> int:
-    return sum(report.status_counts.values())
-
-
-def inputs_to_first_failure(reports) -> int | None:
-    """The inputs one worker had run when it first failed (HypoFuzz reports at the failure)."""
-    from hypothesis.internal.conjecture.data import Status
-
-    for report in sorted(reports, key=lambda r: r.elapsed_time):
-        if report.status_counts[Status.INTERESTING]:
-            return total_inputs(report)
-    return None
-
-
-def failure_message(observation, lines: int = 2) -> str:
-    """The error's first lines (pytest's ``E`` lines of the traceback), else the exception line of a
-    plain traceback, else HypoFuzz's reason; never empty."""
-    traceback = (observation.metadata.traceback or "").splitlines()
-    error = [line[1:].strip() for line in traceback if line.startswith("E ")]
-    if not error:
-        error = [line.strip() for line in traceback if line.strip() and not line.startswith((" ", "Traceback"))][-1:]
-    return " ".join(error[:lines]) or observation.status_reason or "(HypoFuzz stored no error text)"
-
-
-def is_skip(observation) -> bool:
-    return observation.status_reason.startswith("Skipped ")
-
-
-def stored_failures(fuzz_db, key: bytes) -> list:
-    """Observations of the failures stored for ``key``: shrunk ones, else those still unshrunk."""
-    from hypofuzz.database import FailureState
-
-    for state in (FailureState.SHRUNK, FailureState.UNSHRUNK):
-        found = [fuzz_db.failure_observations(state=state).fetch(key, choices)
-                 for choices in fuzz_db.failures(state=state).fetch(key)]
-        found = [observation for observation in found if observation is not None]
-        if found:
-            return found
-    return []
-
-
-@dataclasses.dataclass(frozen=True)
-class CampaignWindow:
-    started: float  # time.time()
-    finished: float
-    host: str
-    pids: frozenset[int]
-
-
-def campaign_workers(fuzz_db, uuids: set[str], window: CampaignWindow) -> set[str]:
-    """The HypoFuzz worker uuids that ran on this host in one of this campaign's processes."""
-    ours = set()
-    for uuid in uuids:
-        identity = fuzz_db.worker_identities.fetch(uuid.encode("ascii"))
-        if identity is not None and identity.hostname == window.host and (
-                not window.pids or identity.pid in window.pids):
-            ours.add(uuid)
-    return ours
-
-
-def summarize_key(fuzz_db, key: bytes, reports: list, ours: set[str]) -> PropertySummary:
-    from hypofuzz.database import Phase
-
-    by_worker: dict[str, list] = {}
-    for report in reports:
-        if report.worker_uuid in ours:
-            by_worker.setdefault(report.worker_uuid, []).append(report)
-    summary = PropertySummary(reports[0].nodeid, key.hex())
-    for worker_reports in by_worker.values():
-        latest = max(worker_reports, key=lambda r: r.elapsed_time)
-        summary.inputs += total_inputs(latest)
-        summary.behaviors = max(summary.behaviors, latest.behaviors)
-        summary.fingerprints = max(summary.fingerprints, latest.fingerprints)
-        first = inputs_to_first_failure(worker_reports)
-        if first is not None:
-            summary.first_failure_at.append(first)
-        summary.shrunk |= any(report.phase is Phase.FAILED for report in worker_reports)
-    for observation in stored_failures(fuzz_db, key):
-        if is_skip(observation):
-            summary.skipped = failure_message(observation)
-        else:
-            summary.failures.append(failure_message(observation))
-    if summary.skipped and not summary.failures:  # HypoFuzz stores a skip as a failure; it is not one
-        summary.first_failure_at.clear()
-        summary.shrunk = False
-    return summary
-
-
-def read_campaign(db, window: CampaignWindow) -> dict[str, PropertySummary]:
-    """One summary per property this campaign's workers ran, from HypoFuzz's database entries."""
-    from hypofuzz.database import HypofuzzDatabase
-    from hypofuzz.database.database import test_keys_key
-
-    fuzz_db = HypofuzzDatabase(db)
-    recent = {}
-    for key in fuzz_db.fetch(test_keys_key):
-        reports = [r for r in fuzz_db.reports.fetch(key) if window.started <= r.timestamp <= window.finished]
-        if reports:
-            recent[key] = reports
-    ours = campaign_workers(fuzz_db, {r.worker_uuid for reports in recent.values() for r in reports}, window)
-    summaries = {}
-    for key, reports in recent.items():
-        if any(report.worker_uuid in ours for report in reports):
-            summary = summarize_key(fuzz_db, key, reports, ours)
-            summaries[summary.nodeid] = summary
-    return summaries
-
-
-# ---------------------------------------------------------------- running and stopping the workers
-
-
-@dataclasses.dataclass
-class Worker:
-    """One worker process (``fuzz_worker``: HypoFuzz's fuzzing loop). It ends on its own only when
-    every property it fuzzes has failed; any other end before this command stops it is its death."""
-
-    index: int
-    device: str | None
-    log: pathlib.Path
-    process: subprocess.Popen
-    inflight: pathlib.Path | None = None
-    stopped: bool = False  # by this command (deadline, every property failed, Ctrl-C)
-    reported: bool = False  # its death has been announced
-
-    def finished_by_itself(self) -> bool:
-        """HypoFuzz's loop stops on its own only when every property it fuzzes has failed."""
-        return self.process.returncode == 0 and ALL_FAILED in self.log.read_text(errors="replace")
-
-    def died(self) -> bool:
-        return self.process.poll() is not None and not self.stopped and not self.finished_by_itself()
-
-    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        text = self.log.read_text(errors="replace").rstrip().splitlines()
-        return "\n".join(f"    | {line}" for line in text[-lines:])
-
-
-def start_workers(options, devices: list[str | None], out_dir: pathlib.Path) -> list[Worker]:
-    workers = []
-    for index, device in enumerate(devices):
-        log = out_dir / f"worker-{index}.log"
-        inflight = out_dir / f"worker-{index}.inflight.json"
-        with open(log, "w") as stream:
-            process = subprocess.Popen(worker_command(options.spec, options.pytest_args), stdout=stream,
-                                       stderr=subprocess.STDOUT, start_new_session=True,
-                                       env=worker_environment(options, device, options.read_only, inflight))
-        workers.append(Worker(index, device, log, process, inflight))
-        print(f"worker {index}: pid {process.pid}, device {device or 'default'}, log {log}", flush=True)
-    return workers
-
-
-def process_tree(workers: list[Worker], known: set[int]) -> set[int]:
-    """The pids of the workers and their children (HypoFuzz forks the fuzzing process)."""
-    import psutil
-
-    pids = set(known)
-    for worker in workers:
-        try:
-            parent = psutil.Process(worker.process.pid)
-            pids |= {parent.pid, *(child.pid for child in parent.children(recursive=True))}
-        except psutil.NoSuchProcess:
-            pass
-    return pids
-
-
-def fuzz_target_count(worker: Worker) -> int | None:
-    match = TARGET_COUNT.search(worker.log.read_text(errors="replace"))
-    return int(match.group(1)) if match else None
-
-
-def every_property_failed(workers: list[Worker], db, window: CampaignWindow) -> bool:
-    """HypoFuzz's stopping rule: each property it fuzzes has a failure, found and shrunk."""
-    counts = [fuzz_target_count(worker) for worker in workers]
-    if None in counts:
-        return False
-    shrunk = [summary for summary in read_campaign(db, window).values() if summary.shrunk]
-    return len(shrunk) >= max(counts)
-
-
-def wait_for(workers: list[Worker], deadline: float, db, started: float) -> set[int]:
-    """Wait until the deadline, the end of every worker, or every property failed (Ctrl-C: now);
-    return the pids of the campaign's processes. "Every property failed" must hold at two checks
-    in a row: HypoFuzz writes the shrunk failure in the background just after its report."""
-    pids: set[int] = set()
-    failed_checks = 0
-    try:
-        while time.monotonic() < deadline and any(w.process.poll() is None for w in workers):
-            time.sleep(STOP_CHECK_SECONDS)
-            pids = process_tree(workers, pids)
-            for worker in workers:
-                if worker.died() and not worker.reported:
-                    worker.reported = True
-                    print(f"worker {worker.index} died (exit status {worker.process.returncode}): see {worker.log}",
-                          flush=True)
-            window = CampaignWindow(started, time.time(), socket.gethostname(), frozenset(pids))
-            failed_checks = failed_checks + 1 if every_property_failed(workers, db, window) else 0
-            if failed_checks == 2:
-                print("every property has failed: stopping the workers", flush=True)
-                break
-    except KeyboardInterrupt:
-        print("interrupted: stopping the workers", flush=True)
-    return process_tree(workers, pids)
-
-
-def signal_group(worker: Worker, signum: int) -> None:
-    try:
-        os.killpg(worker.process.pid, signum)  # the group of the session the worker started
-    except ProcessLookupError:
-        pass
-
-
-def stop(workers: list[Worker]) -> None:
-    """SIGINT (HypoFuzz shuts its fuzzing process down), then SIGKILL what is left of each group."""
-    for worker in workers:
-        if worker.process.poll() is None:
-            worker.stopped = True
-            signal_group(worker, signal.SIGINT)
-    deadline = time.monotonic() + STOP_GRACE_SECONDS
-    for worker in workers:
-        try:
-            worker.process.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-        signal_group(worker, signal.SIGKILL)
-        worker.process.wait()
+FUZZ_EXTRA_PACKAGES = ("hypofuzz", "psutil")  # what a campaign imports beyond the test extra (redis: a Redis --db)
+INSTALL_FUZZ_EXTRA = 'pip install "mla_fuse[fuzz]"'
 
 
 # ---------------------------------------------------------------- the replay pass
@@ -440,98 +131,17 @@ def replay_stored_failures(options, summaries: dict[str, PropertySummary], out_d
     return errors
 
 
-# ---------------------------------------------------------------- the report
-
-
-def format_table(summaries: dict[str, PropertySummary]) -> str:
-    header = ("property", "inputs", "behaviours", "fingerprints", "first failure at input", "verdict")
-    rows = [header] + [(s.nodeid, str(s.inputs), str(s.behaviors), str(s.fingerprints),
-                        ", ".join(map(str, s.first_failure_at)) or "-", s.verdict)
-                       for s in sorted(summaries.values(), key=lambda s: s.nodeid)]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) for row in rows]
-    lines.insert(1, "  ".join("-" * width for width in widths))
-    return "\n".join(lines)
-
-
-def pytest_replay_command(nodeid: str, options) -> str:
-    """A developer's run of one property that replays what the database holds for it (and nothing else)."""
-    test = nodeid.partition("::")[2].partition("[")[0]
-    return (f"{database.DATABASE_ENV_VAR}={shlex.quote(database.shown(options.db))} python -m pytest --pyargs "
-            f"mla_fuse_conformance --mla-fuse-impl={shlex.quote(options.spec)} -k {shlex.quote(test)} "
-            f"--hypothesis-profile={profiles.full_name('replay')}")
-
-
-def describe_failures(summaries: dict[str, PropertySummary], options) -> list[str]:
-    lines = []
-    for summary in sorted(summaries.values(), key=lambda s: s.nodeid):
-        if summary.verdict == "FAIL":
-            lines.append(f"\nFAILED {summary.nodeid} (replay pass: {summary.replay})")
-            lines += [f"  {message}" for message in summary.failures]
-            if not summary.replay_files:
-                lines.append("  (the replay pass wrote no replay file: see its log)")
-            lines += [f"  replay exactly: {recording.replay_command(pathlib.Path(path))}" for path in summary.replay_files]
-            lines.append(f"  or with pytest: {pytest_replay_command(summary.nodeid, options)}")
-        elif summary.verdict == "did not replay":
-            first = ", ".join(map(str, summary.first_failure_at)) or "-"
-            lines.append(f"\nDID NOT REPLAY {summary.nodeid}: not a failure this campaign can show")
-            lines.append(f"  in the campaign: failed (first failure at input {first}): "
-                         f"{'; '.join(summary.failures) or 'nothing stored for it in the database'}")
-            lines.append(f"  on replay: {summary.replay or 'nothing to replay'} (the stored example, replayed by pytest "
-                         f"outside HypoFuzz; a failure that depends on what ran before it in the worker)")
-            lines.append(f"  try it: {pytest_replay_command(summary.nodeid, options)}")
-    return lines
-
-
-def campaign_errors(workers: list[Worker], summaries: dict[str, PropertySummary]) -> list[str]:
-    """Why the campaign could not run as asked: a worker that died or ended on its own, no input."""
-    errors = []
-    for w in workers:
-        if w.died():
-            errors.append(f"worker {w.index} did not fuzz until the end: it died (exit status {w.process.returncode}); "
-                          f"log {w.log}, which ends:\n{w.log_tail()}")
-    if not any(summary.inputs for summary in summaries.values()):
-        errors.append("no property ran an input: see the worker logs")
-    return errors
-
-
-def exit_status(summaries: dict[str, PropertySummary], errors: list[str]) -> int:
-    verdicts = {summary.verdict for summary in summaries.values()}
-    if "FAIL" in verdicts:
-        return EXIT_FAILED
-    if errors:
-        return EXIT_COULD_NOT_RUN
-    return EXIT_DID_NOT_REPLAY if "did not replay" in verdicts else EXIT_PASSED
-
-
-VERDICT_LINES = {EXIT_PASSED: "PASS", EXIT_FAILED: "FAIL", EXIT_COULD_NOT_RUN: "COULD NOT RUN",
-                 EXIT_DID_NOT_REPLAY: "DID NOT REPLAY"}
-
-
-def write_report(options, workers, summaries, errors, seconds: float, out_dir: pathlib.Path) -> int:
-    """Print the report, write ``summary.json``; return the exit status."""
-    status = exit_status(summaries, errors)
-    passed = status == EXIT_PASSED
-    collected = max((fuzz_target_count(worker) or 0 for worker in workers), default=0)
-    report = {
-        "implementation": options.spec, "database": database.shown(options.db), "read_only": options.read_only,
-        "minutes": options.minutes, "seconds": round(seconds, 1), "passed": passed, "errors": errors,
-        "collected": collected, "exit_status": status, "verdict": VERDICT_LINES[status],
-        "workers": [{"device": w.device, "log": str(w.log), "exit_status": w.process.returncode,
-                     "stopped_by_mla_fuse": w.stopped, "died": w.died()} for w in workers],
-        "properties": {nodeid: {**dataclasses.asdict(s), "verdict": s.verdict} for nodeid, s in summaries.items()},
-    }
-    (out_dir / "summary.json").write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
-    print(f"\nmla_fuse fuzz: {options.spec}, {len(workers)} worker(s), database {database.shown(options.db)}"
-          f"{' (read-only)' if options.read_only else ''}, {seconds / 60:.1f} min: HypoFuzz started "
-          f"{len(summaries)} of the {collected} properties it collected (it picks by rate of new "
-          f"behaviour)\n{format_table(summaries)}")
-    print("\n".join(describe_failures(summaries, options) + [f"\nerror: {error}" for error in errors]))
-    print(f"\nsummary: {out_dir / 'summary.json'}\nverdict: {VERDICT_LINES[status]} (exit status {status})")
-    return status
-
-
 # ---------------------------------------------------------------- the command
+
+
+def missing_fuzz_package() -> str | None:
+    """The first package of the ``fuzz`` extra that does not import (or the module it lacks), else None."""
+    for package in FUZZ_EXTRA_PACKAGES:
+        try:
+            importlib.import_module(package)
+        except ImportError as error:
+            return error.name or package
+    return None
 
 
 def check_options(options) -> None:
@@ -594,6 +204,10 @@ def add_fuzz(commands) -> None:
     def run(args) -> int:
         from mla_fuse_conformance.contract.implementation import resolve_spec
 
+        missing = missing_fuzz_package()
+        if missing is not None:
+            print(f"mla-fuse fuzz: needs {missing!r}, which is not installed (the fuzz extra): {INSTALL_FUZZ_EXTRA}")
+            return EXIT_BAD_ARGUMENTS
         args.spec = resolve_spec(args.spec)
         args.pytest_args = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
         if not args.bad_input:  # a later -k of the user's wins (pytest keeps the last)

@@ -27,9 +27,15 @@ directory). So a failure HypoFuzz stores is replayed by a plain pytest run, and 
 Export (``mla-fuse db export FILE``): one zip file holding a ``DirectoryBasedExampleDatabase``
 (hypothesis' own layout, with its ``.hypothesis-keys`` index of the raw keys) and a manifest;
 unzipped into ``.hypothesis/mla_fuse`` it is a working database, and ``mla-fuse db import FILE``
-adds every entry to any database (directory or Redis). An entry is hypothesis' choice sequence,
-read reliably by the hypothesis version that wrote it: import warns when the versions differ,
-and a run that fetches entries another version wrote warns (``VersionStampedDatabase``).
+adds every entry to any database (directory or Redis).
+
+Versions. hypothesis is a range (``hypothesis>=6.139,<7`` in pyproject.toml), so runners sharing a
+database, or a laptop replaying a runner's, may run different versions. An entry is hypothesis'
+choice sequence, which another version may read as another case or not at all. Each key is stamped
+with the version that saved it (``VersionStampedDatabase``): a run under another version still
+replays the entries that parse (they may no longer rebuild the case that failed), skips those that
+do not, and warns once per key with a ``StaleExamplesWarning`` naming both versions and the counts;
+import warns when the export's version is not this one. Failure files replay under any version.
 """
 
 from __future__ import annotations
@@ -337,7 +343,8 @@ def run_db(args) -> int:
         check_reachable(args.db, "--db")
         if manifest["hypothesis"] != hypothesis.__version__:
             print(f"warning: {args.file} was written by hypothesis {manifest['hypothesis']}, this is "
-                  f"{hypothesis.__version__}: its entries replay only on the version that wrote them")
+                  f"{hypothesis.__version__}: entries that still parse are replayed but may not rebuild the case that "
+                  f"failed (a run that fetches them warns: StaleExamplesWarning)")
         copied = import_database(args.file, open_shared(args.db, "--db"))
         print(f"imported {copied.values} entries under {copied.keys} keys from {args.file} into {shown(args.db)}")
         return 0

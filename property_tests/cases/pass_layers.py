@@ -1,0 +1,139 @@
+"""The layers of the compile-pass toy models: their ropes (the custom op, the native formula, the
+DeepSeek YaRN native form, and an inverse rotation no pattern covers) and each layer kind
+(``mla``/``mha``) in each *situation* a fusion pass must recognise:
+
+============================  ====================================================================
+``plain``                     the layer as a serving engine writes it: fusion must fire (if allowed)
+``pre_rotation_reader``       k (MLA ``k_pe``) is also used as it was before the rope: must not fuse
+``second_reader``             the projection buffer q/k view (MHA ``qkv``, MLA ``q``/latent) is read
+                              again after the rope: must not fuse (a fused in-place write, or
+                              rewiring its users, would change what that reader sees)
+``unsupported_rope``          the inverse rotation (sin flipped), a rope form no pattern covers
+============================  ====================================================================
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mla_fuse.layers import DeepseekScalingRotaryEmbedding, MHAAttention, MLAAttention, RotaryEmbedding
+
+ROPE_FORMS = ("custom_op", "native", "deepseek_native")
+SITUATIONS = ("plain", "pre_rotation_reader", "second_reader", "unsupported_rope")
+POSITIONS = 64          # rows of a plain table; a DeepSeek table has POSITIONS // 4 * 4
+YARN_FACTOR = 4.0
+
+
+# ------------------------------------------------------------------ ropes
+
+
+def make_rope(form: str, is_neox: bool, head_size: int, rotary_dim: int, *,
+              use_custom_op: bool | None = None) -> RotaryEmbedding:
+    """``custom_op``/``native``: plain table; ``deepseek_native``: YaRN table. ``use_custom_op``
+    overrides the form's default (the eager reference calls the custom op whatever the form)."""
+    custom = form == "custom_op" if use_custom_op is None else use_custom_op
+    if form == "deepseek_native":
+        return DeepseekScalingRotaryEmbedding(head_size, rotary_dim, POSITIONS // 4, 10000.0, is_neox, YARN_FACTOR,
+                                              mscale=0.707, mscale_all_dim=0.707, use_custom_op=custom)
+    return RotaryEmbedding(head_size, rotary_dim, POSITIONS, 10000.0, is_neox, use_custom_op=custom)
+
+
+def inverse_rope(positions, query, key, cos_sin_cache, head_size: int, rotary_dim: int, is_neox: bool):
+    """Not a supported form: ``a' = a*cos + b*sin``, ``b' = b*cos - a*sin`` on GPT-J pairs (the inverse
+    rotation), in torch ops; ``is_neox`` is ignored."""
+    cos, sin = cos_sin_cache.index_select(0, positions).chunk(2, dim=-1)
+
+    def rotate(x):
+        parts = x.view(x.size(0), -1, head_size)
+        a, b = parts[..., 0:rotary_dim:2].float(), parts[..., 1:rotary_dim:2].float()
+        c, s = cos[:, None, :], sin[:, None, :]
+        rotated = torch.stack([a * c + b * s, b * c - a * s], dim=-1).flatten(-2).to(x.dtype)
+        return torch.cat([rotated, parts[..., rotary_dim:]], dim=-1).view(x.shape)
+
+    return rotate(query), None if key is None else rotate(key)
+
+
+class InverseRope(RotaryEmbedding):
+    """``inverse_rope`` as a module (there is no kernel for it: always torch ops)."""
+
+    def __init__(self, head_size: int, rotary_dim: int, is_neox: bool) -> None:
+        super().__init__(head_size, rotary_dim, POSITIONS, 10000.0, is_neox, use_custom_op=False)
+
+    def forward(self, positions, query, key=None):
+        return inverse_rope(positions, query, key, self.cos_sin_cache, self.head_size, self.rotary_dim,
+                            self.is_neox_style)
+
+
+# ------------------------------------------------------------------ layers in each situation
+
+
+def _plus(out: torch.Tensor, read: torch.Tensor) -> torch.Tensor:
+    """``out + read`` in fp32, rounded once (a same-dtype add after ``o_proj`` becomes an ``addmm``)."""
+    return (out.float() + read.float()).to(out.dtype)
+
+
+class PreRotationReaderMLA(MLAAttention):
+    """k_pe before the rope is used after it (``k_pe_out = rotated - 2 * original``)."""
+
+    def forward_with_rope_outputs(self, positions, hidden_states):
+        q, latent, kv_c, k_pe = self._project(hidden_states)
+        k_pe_before = k_pe * 2
+        k_pe = self._rotate(positions, q, k_pe)
+        return self.update_and_attend(q, self.kv_a_layernorm(kv_c), k_pe), q, k_pe - k_pe_before
+
+    def _project(self, hidden_states):
+        q = self.q_proj(hidden_states).view(-1, self.num_heads, self.qk_nope_head_dim + self.qk_rope_head_dim)
+        latent = self.kv_a_proj_with_mqa(hidden_states)
+        return (q, latent, *latent.split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1))
+
+    def _rotate(self, positions, q, k_pe):
+        q_pe, k_pe = self.rotary_emb(positions, q[..., self.qk_nope_head_dim:], k_pe)
+        if not self.rotary_emb.use_custom_op:
+            q[..., self.qk_nope_head_dim:] = q_pe
+        return k_pe
+
+
+class SecondReaderMLA(PreRotationReaderMLA):
+    """The latent projection ``[kv_c | k_pe]`` is read again after the rope: its last column (in
+    ``k_pe``) joins the output."""
+
+    def forward_with_rope_outputs(self, positions, hidden_states):
+        q, latent, kv_c, k_pe = self._project(hidden_states)
+        k_pe = self._rotate(positions, q, k_pe)
+        latent_read = latent[:, -1:]
+        return _plus(self.update_and_attend(q, self.kv_a_layernorm(kv_c), k_pe), latent_read), q, k_pe
+
+
+class PreRotationReaderMHA(MHAAttention):
+    """k before the rope is used after it."""
+
+    def forward_with_rope_outputs(self, positions, hidden_states):
+        qkv, (q, k, v) = self._project(hidden_states)
+        k_before = k * 2
+        q, k = self.rotary_emb(positions, q, k)
+        return self.update_and_attend(q, k, v), q, k - k_before
+
+    def _project(self, hidden_states):
+        q_size, kv_size = self.num_heads * self.head_size, self.num_kv_heads * self.head_size
+        qkv = self.qkv_proj(hidden_states)
+        return qkv, qkv.split([q_size, kv_size, kv_size], dim=-1)
+
+
+class SecondReaderMHA(PreRotationReaderMHA):
+    """The packed ``qkv`` buffer is read again after the rope: its first column of k joins the output."""
+
+    def forward_with_rope_outputs(self, positions, hidden_states):
+        qkv, (q, k, v) = self._project(hidden_states)
+        q, k = self.rotary_emb(positions, q, k)
+        q_size = self.num_heads * self.head_size
+        qkv_read = qkv[:, q_size:q_size + 1]
+        return _plus(self.update_and_attend(q, k, v), qkv_read), q, k
+
+
+LAYER_CLASSES = {
+    ("mla", "plain"): MLAAttention, ("mla", "pre_rotation_reader"): PreRotationReaderMLA,
+    ("mla", "second_reader"): SecondReaderMLA, ("mla", "unsupported_rope"): MLAAttention,
+    ("mha", "plain"): MHAAttention, ("mha", "pre_rotation_reader"): PreRotationReaderMHA,
+    ("mha", "second_reader"): SecondReaderMHA, ("mha", "unsupported_rope"): MHAAttention,
+}
+

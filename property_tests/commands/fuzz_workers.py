@@ -1,0 +1,203 @@
+"""The workers of an ``mla-fuse fuzz`` campaign: what each runs (``fuzz_worker``, HypoFuzz's loop,
+over the property modules), with which pytest options, environment and device; starting them,
+watching them until the deadline or until every property has failed, and stopping them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from mla_fuse_conformance.commands.fuzz_records import CampaignWindow, read_campaign
+from mla_fuse_conformance.commands.fuzz_worker import ALL_FAILED  # what a worker prints when it stops on its own
+from mla_fuse_conformance.settings import database
+from mla_fuse_conformance.settings import profiles
+from mla_fuse_conformance.running import recording
+
+SUITE_DIR = pathlib.Path(__file__).resolve().parent.parent / "properties"  # the property modules: pytest's rootdir
+KERNEL_PROPERTY_MODULES = ("test_rotary_embedding", "test_mla", "test_flash")
+COMPILE_PASS_MODULES = ("test_compile_passes",)
+PASSES_IMPLEMENTATION = "triton"
+WORKER_MODULE = "mla_fuse_conformance.commands.fuzz_worker"  # HypoFuzz's fuzzing loop without its hub
+STOP_CHECK_SECONDS = 2.0
+STOP_GRACE_SECONDS = 20.0
+TARGET_COUNT = re.compile(r"using \d+ process(?:es)? to fuzz (\d+) tests?")  # how many properties a worker fuzzes
+LOG_TAIL_LINES = 15  # of a dead worker's log, in the report
+
+
+# ---------------------------------------------------------------- what the workers run
+
+
+def suite_files(spec: str) -> list[str]:
+    modules = KERNEL_PROPERTY_MODULES + (COMPILE_PASS_MODULES if spec == PASSES_IMPLEMENTATION else ())
+    return [str(SUITE_DIR / f"{module}.py") for module in modules]
+
+
+def pytest_options(spec: str, profile: str) -> list[str]:
+    """Node ids relative to the suite's directory: the ids HypoFuzz keys the database by
+    (``database.key_by_suite_node_id``)."""
+    return [f"--rootdir={SUITE_DIR}", "-p", "no:cacheprovider", f"--mla-fuse-impl={spec}",
+            f"--hypothesis-profile={profiles.full_name(profile)}"]
+
+
+def worker_command(spec: str, extra_pytest_args: list[str]) -> list[str]:
+    return [sys.executable, "-m", WORKER_MODULE, *suite_files(spec), *pytest_options(spec, "nightly"),
+            *extra_pytest_args]
+
+
+def worker_environment(options, device: str | None, read_only: bool, inflight: pathlib.Path | None = None) -> dict[str, str]:
+    """``inflight``: the process's own in-flight file. Two processes sharing one (the default
+    ``inflight-main.json`` of every non-xdist pytest run) moved each other's file away, and the
+    suite's bookkeeping failed an example that then passed on replay."""
+    from mla_fuse_conformance.running.devices import DEVICE_ENV_VAR  # imports torch: not at `mla-fuse` start
+
+    env = dict(os.environ)
+    if inflight is not None:
+        env[recording.INFLIGHT_ENV] = str(inflight)
+    env[database.DATABASE_ENV_VAR] = options.db or str(database.default_directory())
+    env.pop(database.READ_ONLY_ENV_VAR, None)
+    if read_only:
+        env[database.READ_ONLY_ENV_VAR] = "1"
+    if device is not None:
+        env[DEVICE_ENV_VAR] = device
+    return env
+
+
+def cuda_devices() -> list[str]:
+    import torch
+
+    return [f"cuda:{index}" for index in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+
+
+def worker_devices(workers: int, gpus: list[str]) -> list[str | None]:
+    """Worker i on GPU i (round robin), unless ``$MLA_FUSE_DEVICE`` already chooses, or there is none."""
+    from mla_fuse_conformance.running.devices import DEVICE_ENV_VAR
+
+    if not gpus or os.environ.get(DEVICE_ENV_VAR):
+        return [None] * workers
+    return [gpus[index % len(gpus)] for index in range(workers)]
+
+
+# ---------------------------------------------------------------- running and stopping the workers
+
+
+@dataclasses.dataclass
+class Worker:
+    """One worker process (``fuzz_worker``: HypoFuzz's fuzzing loop). It ends on its own only when
+    every property it fuzzes has failed; any other end before this command stops it is its death."""
+
+    index: int
+    device: str | None
+    log: pathlib.Path
+    process: subprocess.Popen
+    inflight: pathlib.Path | None = None
+    stopped: bool = False  # by this command (deadline, every property failed, Ctrl-C)
+    reported: bool = False  # its death has been announced
+
+    def finished_by_itself(self) -> bool:
+        """HypoFuzz's loop stops on its own only when every property it fuzzes has failed."""
+        return self.process.returncode == 0 and ALL_FAILED in self.log.read_text(errors="replace")
+
+    def died(self) -> bool:
+        return self.process.poll() is not None and not self.stopped and not self.finished_by_itself()
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        text = self.log.read_text(errors="replace").rstrip().splitlines()
+        return "\n".join(f"    | {line}" for line in text[-lines:])
+
+
+def start_workers(options, devices: list[str | None], out_dir: pathlib.Path) -> list[Worker]:
+    workers = []
+    for index, device in enumerate(devices):
+        log = out_dir / f"worker-{index}.log"
+        inflight = out_dir / f"worker-{index}.inflight.json"
+        with open(log, "w") as stream:
+            process = subprocess.Popen(worker_command(options.spec, options.pytest_args), stdout=stream,
+                                       stderr=subprocess.STDOUT, start_new_session=True,
+                                       env=worker_environment(options, device, options.read_only, inflight))
+        workers.append(Worker(index, device, log, process, inflight))
+        print(f"worker {index}: pid {process.pid}, device {device or 'default'}, log {log}", flush=True)
+    return workers
+
+
+def process_tree(workers: list[Worker], known: set[int]) -> set[int]:
+    """The pids of the workers and their children (HypoFuzz forks the fuzzing process)."""
+    import psutil
+
+    pids = set(known)
+    for worker in workers:
+        try:
+            parent = psutil.Process(worker.process.pid)
+            pids |= {parent.pid, *(child.pid for child in parent.children(recursive=True))}
+        except psutil.NoSuchProcess:
+            pass
+    return pids
+
+
+def fuzz_target_count(worker: Worker) -> int | None:
+    match = TARGET_COUNT.search(worker.log.read_text(errors="replace"))
+    return int(match.group(1)) if match else None
+
+
+def every_property_failed(workers: list[Worker], db, window: CampaignWindow) -> bool:
+    """HypoFuzz's stopping rule: each property it fuzzes has a failure, found and shrunk."""
+    counts = [fuzz_target_count(worker) for worker in workers]
+    if None in counts:
+        return False
+    shrunk = [summary for summary in read_campaign(db, window).values() if summary.shrunk]
+    return len(shrunk) >= max(counts)
+
+
+def wait_for(workers: list[Worker], deadline: float, db, started: float) -> set[int]:
+    """Wait until the deadline, the end of every worker, or every property failed (Ctrl-C: now);
+    return the pids of the campaign's processes. "Every property failed" must hold at two checks
+    in a row: HypoFuzz writes the shrunk failure in the background just after its report."""
+    pids: set[int] = set()
+    failed_checks = 0
+    try:
+        while time.monotonic() < deadline and any(w.process.poll() is None for w in workers):
+            time.sleep(STOP_CHECK_SECONDS)
+            pids = process_tree(workers, pids)
+            for worker in workers:
+                if worker.died() and not worker.reported:
+                    worker.reported = True
+                    print(f"worker {worker.index} died (exit status {worker.process.returncode}): see {worker.log}",
+                          flush=True)
+            window = CampaignWindow(started, time.time(), socket.gethostname(), frozenset(pids))
+            failed_checks = failed_checks + 1 if every_property_failed(workers, db, window) else 0
+            if failed_checks == 2:
+                print("every property has failed: stopping the workers", flush=True)
+                break
+    except KeyboardInterrupt:
+        print("interrupted: stopping the workers", flush=True)
+    return process_tree(workers, pids)
+
+
+def signal_group(worker: Worker, signum: int) -> None:
+    try:
+        os.killpg(worker.process.pid, signum)  # the group of the session the worker started
+    except ProcessLookupError:
+        pass
+
+
+def stop(workers: list[Worker]) -> None:
+    """SIGINT (HypoFuzz shuts its fuzzing process down), then SIGKILL what is left of each group."""
+    for worker in workers:
+        if worker.process.poll() is None:
+            worker.stopped = True
+            signal_group(worker, signal.SIGINT)
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    for worker in workers:
+        try:
+            worker.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        signal_group(worker, signal.SIGKILL)
+        worker.process.wait()
