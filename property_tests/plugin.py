@@ -40,6 +40,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import sys
 
 import pytest
 
@@ -68,26 +69,34 @@ class SuiteRun:
     def __init__(self, config, impl, device) -> None:
         self.config, self.impl, self.device = config, impl, device
 
-    def current(self):
+    def current(self, caller=None):
+        """The ``PropertyRun`` of the test calling a check: the module-level test whose body is the
+        ``caller`` frame (so HypoFuzz, which moves between tests without pytest's setup hooks, gets
+        the right property), else the test pytest set up last."""
         from mla_fuse_conformance.running.harness import PropertyRun, property_of
 
         current = state(self.config)
-        if current.test not in current.properties:
-            current.properties[current.test] = property_of(current.test)
-        return PropertyRun(current.properties[current.test], self.impl, self.device, current.recorder,
-                           skip_missing=True)
+        test = None
+        if caller is not None:
+            candidate = caller.f_globals.get(caller.f_code.co_name)
+            if candidate is not None and hasattr(candidate, "pytestmark"):
+                test = candidate
+        test = test or current.test
+        if test not in current.properties:
+            current.properties[test] = property_of(test)
+        return PropertyRun(current.properties[test], self.impl, self.device, current.recorder, skip_missing=True)
 
     def example(self, case, check, *arguments):
-        return self.current().example(case, check, *arguments)
+        return self.current(sys._getframe(1)).example(case, check, *arguments)
 
     def against_reference(self, case, operation: str):
-        return self.current().against_reference(case, operation)
+        return self.current(sys._getframe(1)).against_reference(case, operation)
 
     def fused_equals_unfused(self, case, fused: str):
-        return self.current().fused_equals_unfused(case, fused)
+        return self.current(sys._getframe(1)).fused_equals_unfused(case, fused)
 
     def rejects_bad_input(self, case):
-        return self.current().rejects_bad_input(case)
+        return self.current(sys._getframe(1)).rejects_bad_input(case)
 
 
 _STATE = pytest.StashKey[SuiteState]()

@@ -422,16 +422,23 @@ def test_a_correct_implementations_two_worker_campaign_passes_and_no_worker_dies
 
 
 FLAKY_PROPERTY = '''
-from mla_fuse_conformance.running.harness import prop
+import pytest
+from hypothesis import given
+
 from mla_fuse_conformance.cases import strategies
 
 calls = []
 
 
-@prop("rotary_embedding", cases=strategies.rope_cases())
-def test_fails_only_on_its_first_call(impl, device, case):
+def fails_on_its_first_call(run, case):
     calls.append(1)
     assert len(calls) != 1, "first call fails"
+
+
+@pytest.mark.mla_fuse("rotary_embedding")
+@given(case=strategies.rope_cases())
+def test_fails_only_on_its_first_call(mla_fuse, case):
+    mla_fuse.example(case, fails_on_its_first_call)
 '''
 
 
@@ -441,7 +448,7 @@ def test_a_failure_hypothesis_could_not_reproduce_is_recorded_as_such(tmp_path):
     (tmp_path / "test_flaky_property.py").write_text(FLAKY_PROPERTY)
     env = {**os.environ, recording.FAILURE_DIR_ENV: str(tmp_path / "failures")}
     done = subprocess.run([sys.executable, "-m", "pytest", "test_flaky_property.py", "-q", "-p", "no:cacheprovider",
-                           "--impl=reference", "--hypothesis-profile=mla_fuse.dev"], cwd=tmp_path, env=env,
+                           "--mla-fuse-impl=reference", "--hypothesis-profile=mla_fuse.dev"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=600)
     assert "FlakyFailure" in done.stdout, done.stdout[-3000:]
     [record] = [json.loads(path.read_text()) for path in (tmp_path / "failures").glob("*.json")]

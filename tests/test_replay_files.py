@@ -36,9 +36,6 @@ def test_a_saved_failure_replays_and_a_correct_implementation_passes_it(path, tm
     assert passed.returncode == 0, passed.stdout + passed.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="test_compile_passes.plant_pass_mutant enters the mutant's context manager "
-                   "without keeping it: it is garbage-collected at once and its exit unplants the bug, so the "
-                   "record replays the correct passes (properties/test_compile_passes.py, being edited by its owner)")
 @pytest.mark.parametrize("path", PASS_FILES, ids=[path.stem for path in PASS_FILES])
 def test_a_compile_pass_record_replays_its_planted_bug(path, tmp_path):
     reproduced = repro(path, tmp_path)

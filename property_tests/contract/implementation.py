@@ -99,6 +99,13 @@ class Implementation:
 
 
 MUTANTS_MODULE = "mla_fuse_conformance.mutants.kernels"
+PASS_MUTANTS_MODULE = "mla_fuse_conformance.mutants.passes"
+
+
+def pass_mutants() -> dict:
+    """The compile-pass mutants by name (``mutants.passes.PASS_MUTANTS``), loaded by name like the
+    kernel mutants (only when one is planted)."""
+    return importlib.import_module(PASS_MUTANTS_MODULE).PASS_MUTANTS
 
 
 def _mutant_specs() -> dict[str, str]:

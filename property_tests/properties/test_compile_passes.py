@@ -53,7 +53,7 @@ from mla_fuse_conformance.settings import profiles
 from mla_fuse_conformance.cases.engine_caches import (  # noqa: F401  (names for replaying a printed case)
     CacheLayout, EngineCaches, allocated_bytes, build_caches, pools_bitwise_equal,
 )
-from mla_fuse_conformance.contract.implementation import resolve_spec
+from mla_fuse_conformance.contract.implementation import pass_mutants, resolve_spec
 from mla_fuse_conformance.running.events import event as harness_event
 from mla_fuse_conformance.running.harness import examples
 from mla_fuse_conformance.cases.pass_cases import (  # noqa: F401
@@ -326,21 +326,23 @@ def planted_pass_mutant() -> str | None:
     return os.environ.get(PASS_MUTANT_ENV) or None
 
 
-def plant_pass_mutant(name: str | None) -> None:
+def plant_pass_mutant(name: str | None):
     """Make the passes of this process broken as ``mutants.passes.PASS_MUTANTS[name]`` breaks them, for
     the rest of the process (as a bug in the source would be): ``$MLA_FUSE_PASS_MUTANT`` at import, so
     that pytest, ``mla-fuse fuzz`` workers and ``mla-fuse repro`` (from the failure record's
-    ``pass_mutant``) run the same broken passes. The kernel properties are not affected."""
+    ``pass_mutant``) run the same broken passes. The kernel properties are not affected. Returns the
+    entered context, which the caller keeps: its exit (at garbage collection too) unplants the bug."""
     if not name:
-        return
-    from mla_fuse_conformance.mutants.passes import PASS_MUTANTS
+        return None
+    mutants = pass_mutants()
+    if name not in mutants:
+        raise ValueError(f"${PASS_MUTANT_ENV}={name!r}: no such pass mutant; known: {', '.join(sorted(mutants))}")
+    planted = mutants[name].active()
+    planted.__enter__()  # never left: the process runs the broken passes to its end
+    return planted
 
-    if name not in PASS_MUTANTS:
-        raise ValueError(f"${PASS_MUTANT_ENV}={name!r}: no such pass mutant; known: {', '.join(sorted(PASS_MUTANTS))}")
-    PASS_MUTANTS[name].active().__enter__()  # never left: the process runs the broken passes to its end
 
-
-plant_pass_mutant(planted_pass_mutant())
+PLANTED = plant_pass_mutant(planted_pass_mutant())  # held for the process's life
 
 
 def check_planted(run, case: CompileCase) -> None:
