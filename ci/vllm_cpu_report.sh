@@ -15,7 +15,7 @@ for impl in vllm vllm-cpu-amx; do
   MLA_FUSE_FAILURE_DIR="$out/failures" mla-fuse verify --impl "$impl" --profile "${1:-ci}" \
     --report-dir "$out" -n auto > "$out/verify.log" 2>&1
   code=$?
-  rm -f "$out/junit.xml" "$out/outcomes.jsonl"   # the report keeps report.json, verify.log and the replay files
+  rm -f "$out/junit.xml" "$out/outcomes.jsonl" "$out"/failures/inflight-*   # keeps report.json, verify.log and the replay files
   echo "$impl: mla-fuse verify exit status $code (0 conforms, 1 does not, 2 could not run)"
   if [ "$code" -ge 2 ]; then status=1; fi   # a failing kernel is the finding; only a broken run fails this script
 done

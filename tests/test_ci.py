@@ -84,3 +84,15 @@ def test_readme_names_every_engine_pin_the_script_checks():
     versions = (ROOT / "README.md").read_text().split("## Versions", 1)[1].split("\n## ", 1)[0]
     for pin in re.findall(r"[a-z][a-z0-9_-]*==[0-9.]+", pin_sets):
         assert f"`{pin}`" in versions or pin.split("==")[1] in versions, f"README 'Versions' does not name {pin}"
+
+
+def test_pyproject_installs_every_package_of_the_tree():
+    """A subpackage missing from ``[tool.setuptools] packages`` is absent from a non-editable install."""
+    text = (ROOT / "pyproject.toml").read_text()
+    listed = set(re.findall(r'"(mla_fuse(?:_conformance|_reference)?(?:\.[a-z_]+)*)"', text.split("packages = [", 1)[1]
+                            .split("]", 1)[0]))
+    roots = {"mla_fuse": ROOT / "mla_fuse", "mla_fuse_conformance": ROOT / "property_tests",
+             "mla_fuse_reference": ROOT / "reference"}
+    found = {name + "".join("." + part for part in init.parent.relative_to(root).parts)
+             for name, root in roots.items() for init in root.rglob("__init__.py")}
+    assert found == listed, f"not in pyproject.toml packages: {sorted(found - listed)}; absent: {sorted(listed - found)}"

@@ -111,7 +111,9 @@ def test_a_team_gates_its_kernel_from_its_own_directory(installed, team_dir):
 
     buggy = _run(installed, team_dir, "mla-fuse", "verify", "--impl", "buggy_kernels:Buggy", "-n", "2")
     assert buggy.returncode == 1 and "verdict: FAIL" in buggy.stdout, buggy.stdout[-4000:]
-    replay = re.search(r"replay: (python -m mla_fuse_conformance repro \S+)", buggy.stdout).group(1)
+    found = re.search(r"replay: (python -m mla_fuse_conformance repro \S+)", buggy.stdout)
+    assert found, buggy.stdout[-4000:]
+    replay = found.group(1)
     replayed = _run(installed, team_dir, *replay.split())
     assert replayed.returncode == 1 and "REPRODUCED" in replayed.stdout, replayed.stdout + replayed.stderr
 
@@ -163,7 +165,7 @@ TEAM_PROJECT = {
 
         @given(st.integers())
         def test_their_own_property(number):
-            assert settings.get_current_profile_name() == "default"
+            assert not settings.get_current_profile_name().startswith("mla_fuse.")  # hypothesis' own (ci under CI=true)
             assert not [name for name in os.environ if name.startswith("MLA_FUSE")]
             ours = [name for name in sys.modules if name.startswith(("torch", "triton", "mla_fuse"))]
             assert set(ours) <= {"mla_fuse_conformance", "mla_fuse_conformance.plugin"}, ours

@@ -17,13 +17,15 @@ import time
 
 from mla_fuse_conformance.commands.fuzz_records import CampaignWindow, read_campaign
 from mla_fuse_conformance.commands.fuzz_worker import ALL_FAILED  # what a worker prints when it stops on its own
+from mla_fuse_conformance.declarations.property_modules import (COMPILE_PASS_MODULES, EXPLICIT_ONLY_MODULES,
+                                                                 KERNEL_PROPERTY_MODULES)
 from mla_fuse_conformance.settings import database
 from mla_fuse_conformance.settings import profiles
 from mla_fuse_conformance.running import recording
 
 SUITE_DIR = pathlib.Path(__file__).resolve().parent.parent / "properties"  # the property modules: pytest's rootdir
-KERNEL_PROPERTY_MODULES = ("test_rotary_embedding", "test_mla", "test_flash")
-COMPILE_PASS_MODULES = ("test_compile_passes",)
+# what a fuzzer can search: the kernel properties but those of fixed explicit examples only
+FUZZED_KERNEL_MODULES = tuple(module for module in KERNEL_PROPERTY_MODULES if module not in EXPLICIT_ONLY_MODULES)
 PASSES_IMPLEMENTATION = "triton"
 WORKER_MODULE = "mla_fuse_conformance.commands.fuzz_worker"  # HypoFuzz's fuzzing loop without its hub
 STOP_CHECK_SECONDS = 2.0
@@ -36,7 +38,7 @@ LOG_TAIL_LINES = 15  # of a dead worker's log, in the report
 
 
 def suite_files(spec: str) -> list[str]:
-    modules = KERNEL_PROPERTY_MODULES + (COMPILE_PASS_MODULES if spec == PASSES_IMPLEMENTATION else ())
+    modules = FUZZED_KERNEL_MODULES + (COMPILE_PASS_MODULES if spec == PASSES_IMPLEMENTATION else ())
     return [str(SUITE_DIR / f"{module}.py") for module in modules]
 
 

@@ -209,7 +209,10 @@ def python_command() -> str:
     """The interpreter running now, as a printed command should call it: ``python`` where that
     name finds this interpreter (an activated venv), else its path (a venv that is not activated)."""
     on_path = shutil.which("python")
-    if on_path and os.path.abspath(on_path) == os.path.abspath(sys.executable):
+    # bin/python and bin/python3.11 of one venv are the same interpreter (same directory, same file);
+    # the same file in another directory (another venv over the same base Python) is not
+    if on_path and os.path.dirname(os.path.abspath(on_path)) == os.path.dirname(os.path.abspath(sys.executable)) \
+            and os.path.realpath(on_path) == os.path.realpath(sys.executable):
         return "python"
     return shlex.quote(sys.executable)
 

@@ -129,6 +129,18 @@ class StaleExamplesWarning(UserWarning):
     """Saved examples were written by another hypothesis version (see ``VersionStampedDatabase``)."""
 
 
+def _identity(database: ExampleDatabase):
+    """What makes two databases the same store: for Redis the server, db number and key prefix (two
+    clients of one URL compare unequal in hypothesis, and HypoFuzz refuses a test whose database
+    differs from the default one), else the database itself."""
+    pool = getattr(getattr(database, "redis", None), "connection_pool", None)
+    if pool is None:
+        return database
+    kwargs = pool.connection_kwargs
+    return ("redis", kwargs.get("host"), kwargs.get("port"), kwargs.get("db"), kwargs.get("path"),
+            getattr(database, "_prefix", None))
+
+
 class VersionStampedDatabase(ExampleDatabase):
     """``wrapped``, with the hypothesis version that saved under each key stored beside it.
 
@@ -155,7 +167,10 @@ class VersionStampedDatabase(ExampleDatabase):
         return f"VersionStampedDatabase({self.wrapped!r})"
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, VersionStampedDatabase) and self.wrapped == other.wrapped
+        return isinstance(other, VersionStampedDatabase) and _identity(self.wrapped) == _identity(other.wrapped)
+
+    def __hash__(self) -> int:
+        return hash(repr(_identity(self.wrapped)))
 
     def fetch(self, key: bytes):
         for stored in (key, self.aliases.get(key)):
