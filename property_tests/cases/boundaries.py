@@ -80,15 +80,23 @@ def _cache_geometry(tokens: int, block_size: int) -> dict:
                 slots=SlotSpec(tokens, placement="extremes"))
 
 
-def _mla(dimension: str, size: int, seed: int, fused: bool) -> MlaCase:
-    case = MlaCase(seed=seed, heads=1, latent=1, rotary_dim=2, dtype="bfloat16", kv_cache_dtype="auto",
-                   table=_table() if fused else TableSpec("plain", 2, 1), **_cache_geometry(3, 1))
+def _shared(case, dimension: str, size: int):
+    """The crossings both cache families make the same way (None for the others)."""
     if dimension == "tokens":
         return dataclasses.replace(case, **_cache_geometry(size, TOKEN_BLOCK))
     if dimension == "block_size":
         return dataclasses.replace(case, **_cache_geometry(3, size))
     if dimension == "table_rows":
         return dataclasses.replace(case, table=_table(size), positions=PositionSpec(pattern="last_rows"))
+    return None
+
+
+def _mla(dimension: str, size: int, seed: int, fused: bool) -> MlaCase:
+    case = MlaCase(seed=seed, heads=1, latent=1, rotary_dim=2, dtype="bfloat16", kv_cache_dtype="auto",
+                   table=_table() if fused else TableSpec("plain", 2, 1), **_cache_geometry(3, 1))
+    shared = _shared(case, dimension, size)
+    if shared is not None:
+        return shared
     if dimension == "rotary_dim":
         return dataclasses.replace(case, rotary_dim=size,
                                    table=_table(rotary_dim=size) if fused else TableSpec("plain", size, 1))
@@ -99,12 +107,9 @@ def _flash(dimension: str, size: int, seed: int, fused: bool) -> FlashCase:
     case = FlashCase(seed=seed, heads=1, kv_heads=1, head_size=2, value_head_size=2, dtype="bfloat16",
                      kv_cache_dtype="auto", table=_table() if fused else TableSpec("plain", 2, 1),
                      **_cache_geometry(3, 1))
-    if dimension == "tokens":
-        return dataclasses.replace(case, **_cache_geometry(size, TOKEN_BLOCK))
-    if dimension == "block_size":
-        return dataclasses.replace(case, **_cache_geometry(3, size))
-    if dimension == "table_rows":
-        return dataclasses.replace(case, table=_table(size), positions=PositionSpec(pattern="last_rows"))
+    shared = _shared(case, dimension, size)
+    if shared is not None:
+        return shared
     if dimension == "kv_heads":  # one query head per KV head
         return dataclasses.replace(case, heads=size, kv_heads=size)
     if dimension == "head_size":  # keys and values alike; rotary width 2 (partial rotary)
