@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import torch
 
+from mla_fuse_conformance.declarations.presets import SERVING
+
 UNPROCESSED_BLOCK = 16
 HEAD_TILE = 64  # heads_tile_64_without_loop
 PAIR_TILE = 32  # rotary_tile_32_pairs_without_loop
-GRID_ROWS = 65535  # token_grid_capped_at_65535
 
 
 class RopeStage:
@@ -30,7 +31,7 @@ class RopeStage:
         if self.bug == "block_tail_dropped" and tokens > UNPROCESSED_BLOCK and tokens % UNPROCESSED_BLOCK:
             rows[tokens - tokens % UNPROCESSED_BLOCK:] = False
         if self.bug == "token_grid_capped_at_65535":
-            rows[GRID_ROWS:] = False
+            rows[SERVING.grid_rows:] = False
         return rows
 
     def _rotated_rows(self, tensor: str, slot_mapping: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
