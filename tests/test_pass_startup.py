@@ -19,8 +19,11 @@ import torch
 from torch._dynamo.utils import counters
 
 import mla_fuse.compile as mc
+from mla_fuse.layers.unified_ops import UNIFIED_MLA_UPDATE
 from mla_fuse.passes import FusionConfig, pattern_utils
 from mla_fuse.passes.mla_rope_kvcache_fusion import MLARopeKVCacheFusionPass
+from mla_fuse.passes.fx_utils import call_args
+from mla_fuse.passes.pattern_utils import MatchTraces
 from mla_fuse.passes.rope_kvcache_fusion import RopeKVCacheFusionPass
 from mla_fuse_conformance.cases.pass_models import (
     FUSED_OP, PASS_NAME, UNIFIED_OP, MhaGeometry, ModelSpec, assert_same_results, build_model, count_calls,
@@ -64,12 +67,54 @@ def _compile_and_check(kind: str, layers: int, form: str, shared_rope: bool = Fa
 
 @pytest.mark.parametrize("kind, form", [("mla", "deepseek_native"), ("mha", "native"), ("mla", "custom_op")])
 def test_setup_does_not_grow_with_layers(kind, form):
-    setups = []
+    """Set-up traces per form, and the exact re-check of a match traces the search pattern once per form
+    and shape: the same counts for 1 and 3 layers; the other layers' re-checks are copies."""
+    setups, retraces = [], []
     for layers in (1, 3):
+        hits, misses = MatchTraces.hits, MatchTraces.misses
         compiled = _compile_and_check(kind, layers, form)
         setups.append((pattern_utils.traced_pattern_count(), _fusion_pass(compiled, kind).registered))
+        retraces.append((MatchTraces.misses - misses, MatchTraces.hits - hits))
     assert setups[0] == setups[1], f"(traced, registered) for 1 and 3 layers: {setups}"
     assert setups[0][0] <= 4, setups  # the forms and styles the graph shows, never one per layer
+    assert retraces == [(1, 0), (1, 2)], f"(search re-traces, copies) for 1 and 3 layers: {retraces}"
+
+
+def test_match_traces_keep_one_trace_per_shape_and_put_in_each_layer_name():
+    """Within a scope a re-trace with the same input shapes is the first one's graph with the new layer name;
+    other shapes, strides or dtypes trace again; each caller gets its own copy; outside a scope every call
+    traces."""
+    traced = []
+
+    def update(kv_c, k_pe, k_scale, layer_name):
+        traced.append(layer_name)
+        return UNIFIED_MLA_UPDATE(kv_c_normed=kv_c, k_pe=k_pe, layer_name=layer_name, kv_cache_dtype="auto",
+                                  k_scale=k_scale)
+
+    def layer_names(gm):
+        return [call_args(node)["layer_name"] for node in gm.graph.nodes if node.target is UNIFIED_MLA_UPDATE]
+
+    owner = object()
+    with pattern_utils.fake_mode():
+        bf16 = dict(dtype=torch.bfloat16)
+        inputs = [torch.empty(4, 32, **bf16), torch.empty(4, 16, **bf16), torch.empty(1)]
+        wider = [torch.empty(4, 64, **bf16), *inputs[1:]]
+        strided = [torch.empty(4, 64, **bf16)[:, :32], *inputs[1:]]
+        halves = [inputs[0].half(), *inputs[1:]]
+        with MatchTraces.scope():
+            first = MatchTraces.trace(owner, update, [*inputs, "layers.0"])
+            second = MatchTraces.trace(owner, update, [*inputs, "layers.1"])
+            others = [MatchTraces.trace(owner, update, [*args, "layers.2"]) for args in (wider, strided, halves)]
+            for node in first.graph.nodes:  # a caller changes its copy (torch renames placeholders in place)
+                node.args = tuple("tampered" if arg == "layers.0" else arg for arg in node.args)
+            again = MatchTraces.trace(owner, update, [*inputs, "layers.3"])
+        outside = MatchTraces.trace(owner, update, [*inputs, "layers.4"])
+    assert traced == ["layers.0", "layers.2", "layers.2", "layers.2", "layers.4"]
+    assert layer_names(second) == ["layers.1"] and layer_names(again) == ["layers.3"]
+    assert str(second.graph).replace("layers.1", "layers.3") == str(again.graph)
+    assert [layer_names(gm) for gm in others] == [["layers.2"]] * 3
+    assert layer_names(first) == ["tampered"]  # the copy handed out was changed, not the kept trace
+    assert layer_names(outside) == ["layers.4"]
 
 
 @pytest.mark.parametrize("kind", ["mla", "mha"])

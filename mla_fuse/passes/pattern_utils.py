@@ -20,12 +20,16 @@ Integers in the traced pattern are wildcards for the first match only; torch's
 included) and the matched layer name, and requires an exact match, so head sizes, slice
 bounds, ``is_neox`` and the layer are checked literally.
 
-Cost. Tracing a pattern takes ~0.1-0.3 s (``make_fx`` with Inductor's decompositions), and
-each pattern is traced again, with the matched shapes, for every candidate match. So only the
-rope forms and styles the graph shows are registered (``rope_forms.present``), traced patterns
+Cost. Tracing a pattern takes ~0.1-0.3 s (``make_fx`` with Inductor's decompositions). So only
+the rope forms and styles the graph shows are registered (``rope_forms.present``), traced patterns
 are kept for the process (``register_cached``, keyed by everything the pattern depends on), and
-the binding checks that need no shapes run before the re-trace. A pass whose graph has no
-update it could fuse registers nothing, runs no matcher and leaves the graph as it was.
+the binding checks that need no shapes run before the re-trace. torch re-traces the search
+pattern with the matched shapes for every candidate match; the layers of a model have the same
+shapes, so within one graph that trace is kept per (pattern, matched shapes) and the next match
+gets a copy with its own layer name put in (``MatchTraces``): one search trace per form and shape,
+not per layer. The replacement is still traced per match (one op, ~0.02 s), so every fused node
+has its own fake values. A pass whose graph has no update it could fuse registers nothing, runs
+no matcher and leaves the graph as it was.
 Inductor's compile timers (``torch._dynamo.utils.compilation_time_metrics``) get the set-up
 (``SETUP_TIMER``) and the matching (``MATCH_TIMER``).
 
@@ -41,6 +45,8 @@ nothing matched).
 from __future__ import annotations
 
 import abc
+import contextlib
+import inspect
 from typing import Callable
 
 import torch
@@ -219,6 +225,81 @@ def traced_pattern_count() -> int:
     return len(_TRACED)
 
 
+class MatchTraces:
+    """The search pattern as torch's ``register_replacement`` re-traces it to check a match exactly,
+    kept per (pattern, matched shapes) while one graph is matched (``with MatchTraces.scope():``).
+    The re-trace's inputs are the matched values: tensors (described in full by size, stride,
+    dtype, device: torch re-creates them with ``empty_strided``), symbolic sizes, and the layer name
+    last. Two matches whose inputs agree but for the layer name get the same graph up to that name,
+    so the second gets a copy of the first's with its name put in, and the exact re-check (layer
+    name included) still runs on it. Outside a scope (registration) every call traces."""
+
+    _active: dict | None = None
+    hits = misses = 0  # process-wide counts (tests count traces, not seconds)
+
+    @classmethod
+    @contextlib.contextmanager
+    def scope(cls):
+        outer, cls._active = cls._active, {}
+        try:
+            yield
+        finally:
+            cls._active = outer
+
+    @classmethod
+    def trace(cls, owner: object, fn, args, **kwargs) -> fx.GraphModule:
+        memo, layer = cls._active, args[-1] if args else None
+        if memo is None or not isinstance(layer, str):
+            return trace_pattern(fn, args, **kwargs)
+        key = (id(owner), len(args), tuple(_value_key(arg) for arg in args[:-1]))
+        cached = memo.get(key)
+        if cached is None:
+            cls.misses += 1
+            gm = trace_pattern(fn, args, **kwargs)
+            memo[key] = (owner, gm, layer)  # owner kept alive: its id stays unique
+            return _copy_with_layer(gm, layer, layer)
+        cls.hits += 1
+        _, gm, traced_layer = cached
+        return _copy_with_layer(gm, traced_layer, layer)
+
+
+def _value_key(value) -> tuple:
+    """What a re-trace depends on in one input (symbolic sizes by expression)."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(map(_size_key, value.size())), tuple(map(_size_key, value.stride())),
+                value.dtype, value.device, value.requires_grad)
+    if isinstance(value, torch.SymInt):
+        return ("sym", value.node.expr)
+    return ("value", type(value), value)
+
+
+def _size_key(size):
+    return size.node.expr if isinstance(size, torch.SymInt) else size
+
+
+def _copy_with_layer(gm: fx.GraphModule, traced: str, layer: str) -> fx.GraphModule:
+    """A copy of ``gm`` (torch renames its placeholders in place) with the string ``traced`` as an
+    argument replaced by ``layer``."""
+    graph = fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    if traced != layer:
+        for node in graph.nodes:
+            node.args = tuple(layer if isinstance(a, str) and a == traced else a for a in node.args)
+            node.kwargs = {k: layer if isinstance(v, str) and v == traced else v for k, v in node.kwargs.items()}
+    return fx.GraphModule(gm, graph)
+
+
+def _plain(method, argnames: list[str]):
+    """``method`` as a function with its signature (torch wraps bound methods in a fresh function;
+    a function of ours lets ``MatchTraces`` tell the replacement from the search pattern)."""
+    def function(*args):
+        return method(*args)
+    function.__signature__ = inspect.Signature(
+        [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in argnames])
+    function.__name__ = method.__name__
+    return function
+
+
 def register_cached(pattern, key: tuple, patterns: pm.PatternMatcherPass,
                     precheck: Callable[[pm.Match], bool]) -> None:
     """Register ``pattern`` (``.pattern``/``.replacement``/``.example_inputs()``/``.extra_check``/``.name``;
@@ -230,9 +311,16 @@ def register_cached(pattern, key: tuple, patterns: pm.PatternMatcherPass,
     entries = _TRACED.get(key)
     if entries is None:
         scratch = pm.PatternMatcherPass()
+        argnames = list(inspect.signature(pattern.pattern).parameters)
+        search, replace = _plain(pattern.pattern, argnames), _plain(pattern.replacement, argnames)
+
+        def trace_fn(fn, args, **kwargs):  # the search pattern's re-traces are kept per graph, not the replacement's
+            if fn is replace:
+                return trace_pattern(fn, args, **kwargs)
+            return MatchTraces.trace(search, fn, args, **kwargs)
+
         with fake_mode():
-            pm.register_replacement(pattern.pattern, pattern.replacement,
-                                    [*pattern.example_inputs(), PATTERN_LAYER_NAME], trace_pattern,
+            pm.register_replacement(search, replace, [*pattern.example_inputs(), PATTERN_LAYER_NAME], trace_fn,
                                     scratch, extra_check=pattern.extra_check, pattern_name=pattern.name)
         entries = [entry for listed in scratch.patterns.values() for entry in listed]
         for entry in entries:
@@ -341,7 +429,7 @@ class LazyPatternFusionPass(MlaFusePass):
         if not self.patterns.patterns:
             return 0
         edits = unify_symbolic_sizes(graph)
-        with dynamo_timed(MATCH_TIMER):
+        with dynamo_timed(MATCH_TIMER), MatchTraces.scope():
             count = self.patterns.apply(graph)
         if not count:
             restore_symbolic_sizes(edits)
