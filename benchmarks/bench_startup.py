@@ -39,6 +39,11 @@ other users of the machine falls on both alike.
     python benchmarks/bench_startup.py --kind mla --layers 61 --level 1 2 --mode both --repeat 3
     python benchmarks/bench_startup.py --report               # table (+ plot if matplotlib is there)
 
+``--backend light --mode cold``: Inductor's graph passes (ours included) without code generation
+or a cache, to see the passes' share alone; every row also counts the fusion passes' traces
+(``patterns_traced``: patterns set up; ``recheck_traces``/``recheck_copies``: torch's exact
+re-check of a match traced, or copied from an earlier match of the same shapes).
+
 Results are appended to ``benchmarks/results/startup.jsonl`` (``--out``), one JSON object a line.
 ``--fusion mla|mha|both`` turns on one fusion only at level 2 (level 1 stays level 1, no fusion):
 a model no pass can match is an MHA stack with ``--fusion mla``.
@@ -147,8 +152,10 @@ def caches_and_step(kinds: list[str]):
     return caches, slots, positions, hidden
 
 
-def measure(kind: str, num_layers: int, level: int, fusion: str) -> dict:
-    """Compile and run the first step in this process; the time and its parts."""
+def measure(kind: str, num_layers: int, level: int, fusion: str, backend: str = "inductor") -> dict:
+    """Compile and run the first step in this process; the time, its parts, and how many traces the
+    fusion passes made (patterns set up; the exact re-check of a match: traced, or a copy of an
+    earlier trace with another layer name)."""
     import torch
     from torch._dynamo.utils import compilation_time_metrics
 
@@ -160,7 +167,7 @@ def measure(kind: str, num_layers: int, level: int, fusion: str) -> dict:
     caches, slots, positions, hidden = caches_and_step(kinds)
     flags = {} if fusion == "both" or level < 2 else {"fuse_mla_rope_kvcache": fusion == "mla",
                                                       "fuse_rope_kvcache": fusion == "mha"}
-    compiled = mc.compile(model, level=level, backend="inductor", **flags)
+    compiled = mc.compile(model, level=level, backend=backend, **flags)
     torch._dynamo.mark_dynamic(positions, 0)
     torch._dynamo.mark_dynamic(hidden, 0)
     start, start_cpu = time.perf_counter(), time.process_time()
@@ -173,8 +180,12 @@ def measure(kind: str, num_layers: int, level: int, fusion: str) -> dict:
     step, step_cpu = time.perf_counter() - start, time.process_time() - start_cpu
     parts = {key: sum(compilation_time_metrics.get(name, [])) for key, name in TIMERS.items()}
     records = mc.graph_records(compiled)
+    from mla_fuse.passes import pattern_utils
+    traces = {"patterns_traced": pattern_utils.traced_pattern_count()}
+    if hasattr(pattern_utils, "MatchTraces"):  # absent before issue 19's re-check memo: measure older commits too
+        traces.update(recheck_traces=pattern_utils.MatchTraces.misses, recheck_copies=pattern_utils.MatchTraces.hits)
     return {"total_s": total, "cpu_s": cpu, "step_s": step, "step_cpu_s": step_cpu, **parts, "rest_s": total - parts["passes_s"], "graphs": len(records),
-            "cache_hits": mc.cache_hits(compiled), "counts": mc.match_counts(compiled)}
+            "cache_hits": mc.cache_hits(compiled), "counts": mc.match_counts(compiled), **traces}
 
 
 # ------------------------------------------------------------------ the driver (parent process)
@@ -183,7 +194,7 @@ def measure(kind: str, num_layers: int, level: int, fusion: str) -> dict:
 def run_child(args, level: int, cache_dir: str) -> dict:
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache_dir, "TRITON_CACHE_DIR": os.path.join(cache_dir, "triton")}
     command = [sys.executable, __file__, "--child", "--kind", args.kind, "--layers", str(args.layers),
-               "--level", str(level), "--fusion", args.fusion]
+               "--level", str(level), "--fusion", args.fusion, "--backend", args.backend]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -209,13 +220,15 @@ def drive(args) -> None:
 
 def _record(args, machine: str, level: int, mode: str, repeat: int, result: dict) -> None:
     row = {"kind": args.kind, "layers": args.layers, "level": level, "fusion": args.fusion, "mode": mode,
+           "backend": args.backend,
            "repeat": repeat, "load": os.getloadavg()[0], "machine": machine, "commit": _commit(),
            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **result}
     with args.out.open("a") as out:
         out.write(json.dumps(row) + "\n")
     print(f"{args.kind:6s} {args.layers:3d} L{level} {args.fusion:4s} {mode:4s} #{repeat}: "
           f"{result['total_s']:7.2f} s (setup {result['setup_s']:.2f}, match {result['match_s']:.2f}, "
-          f"passes {result['passes_s']:.2f}) graphs {result['graphs']} hits {result['cache_hits']} "
+          f"passes {result['passes_s']:.2f}; traces {result.get('patterns_traced')} set-up, "
+          f"{result.get('recheck_traces')} re-check, {result.get('recheck_copies')} copies) graphs {result['graphs']} hits {result['cache_hits']} "
           f"load {row['load']:.1f} {result['counts']}", flush=True)
 
 
@@ -238,15 +251,15 @@ def report(path: Path, plot: Path | None) -> None:
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     groups: dict[tuple, dict[int, list[dict]]] = {}
     for row in rows:
-        key = (row["kind"], row["fusion"], row["mode"], row["layers"])
+        key = (row["kind"], row["fusion"], row["mode"], row["layers"], row.get("backend", "inductor"))
         groups.setdefault(key, {}).setdefault(row["level"], []).append(row)
     print("wall s and cpu s (the child's first call): median [min-max] over n repeats per level (cpu: the rows "
           "that have it); "
           "L2-L1: difference of medians; setup/match/passes: L2 medians, s; load: median 1-min load average")
-    print(f"{'kind':6s} {'fusion':6s} {'mode':4s} {'layers':>6s} | {'L1 wall s':>20s} | {'L2 wall s':>20s} | "
+    print(f"{'kind':6s} {'fusion':6s} {'mode':4s} {'layers':>6s} {'backend':8s} | {'L1 wall s':>20s} | {'L2 wall s':>20s} | "
           f"{'L2-L1':>6s} {'%':>6s} | {'L1 cpu s':>20s} | {'L2 cpu s':>20s} | {'L2-L1':>6s} | "
           f"{'setup':>5s} {'match':>5s} {'passes':>6s} | {'load':>4s} | n")
-    for key in sorted(groups, key=lambda k: (k[0], k[1], k[2], k[3])):
+    for key in sorted(groups, key=lambda k: (k[4], k[0], k[1], k[2], k[3])):
         by_level = groups[key]
         if 1 not in by_level or 2 not in by_level:
             continue
@@ -258,13 +271,17 @@ def report(path: Path, plot: Path | None) -> None:
         def med(part):
             return statistics.median(r[part] for r in by_level[2])
         load = statistics.median(r["load"] for level in (1, 2) for r in by_level[level])
-        print(f"{key[0]:6s} {key[1]:6s} {key[2]:4s} {key[3]:6d} | {_spread(walls[1]):>20s} | {_spread(walls[2]):>20s} | "
+        print(f"{key[0]:6s} {key[1]:6s} {key[2]:4s} {key[3]:6d} {key[4]:8s} | {_spread(walls[1]):>20s} | {_spread(walls[2]):>20s} | "
               f"{delta:+6.2f} {100 * delta / statistics.median(walls[1]):+5.1f}% | {_spread(cpus[1]):>20s} | "
               f"{_spread(cpus[2]):>20s} | {delta_cpu:+6.2f} | {med('setup_s'):5.2f} {med('match_s'):5.2f} "
               f"{med('passes_s'):6.2f} | {load:4.1f} | {len(walls[1])}/{len(walls[2])}")
         steps = {level: [r["step_s"] for r in by_level[level] if "step_s" in r] for level in (1, 2)}
         if steps[1] and steps[2]:
-            print(f"{'':27s}   second step, wall s: L1 {_spread(steps[1])}, L2 {_spread(steps[2])}")
+            compiles = {level: [r["total_s"] - r["step_s"] for r in by_level[level] if "step_s" in r] for level in (1, 2)}
+            compile_delta = statistics.median(compiles[2]) - statistics.median(compiles[1])
+            print(f"{'':36s}   second step, wall s: L1 {_spread(steps[1])}, L2 {_spread(steps[2])}; "
+                  f"first call - second step: L1 {_spread(compiles[1])}, L2 {_spread(compiles[2])}, "
+                  f"L2-L1 {compile_delta:+.2f}")
     if plot is not None:
         _plot(groups, plot)
 
@@ -281,7 +298,8 @@ def _plot(groups, path: Path) -> None:
     for mode, style in (("cold", "-"), ("warm", "--")):
         for level, marker in ((1, "o"), (2, "s")):
             points = sorted((k[3], statistics.median(r["total_s"] for r in v[level]))
-                            for k, v in groups.items() if k[:3] == ("mla", "both", mode) and level in v)
+                            for k, v in groups.items()
+                            if k[:3] == ("mla", "both", mode) and k[4] == "inductor" and level in v)
             if points:
                 ax.plot(*zip(*points), style, marker=marker, label=f"MLA {mode} L{level}")
     ax.set_xlabel("layers")
@@ -299,6 +317,8 @@ def main() -> None:
     parser.add_argument("--level", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--fusion", choices=("both", "mla", "mha"), default="both")
     parser.add_argument("--mode", choices=("cold", "warm", "both"), default="both")
+    parser.add_argument("--backend", choices=("inductor", "light"), default="inductor",
+                        help="light: Inductor's graph passes, ours included, without code generation")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--report", action="store_true", help="print the table of --out (and plot it)")
@@ -306,7 +326,7 @@ def main() -> None:
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(measure(args.kind, args.layers, args.level[0], args.fusion)))
+        print(json.dumps(measure(args.kind, args.layers, args.level[0], args.fusion, args.backend)))
     elif args.report:
         report(args.out, args.plot)
     else:

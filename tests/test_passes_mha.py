@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import mla_fuse.compile as mc
-from mla_fuse.layers import set_forward_context
+from mla_fuse.layers import LayerKVCache, MHAAttention, RotaryEmbedding, set_forward_context
 from mla_fuse.layers.mha import heads
 from mla_fuse.layers.unified_ops import fused_rope_and_unified_kv_cache_update
 from mla_fuse_conformance.cases.pass_models import (
@@ -126,3 +126,52 @@ def test_fused_op_with_no_slot_mapping_only_rotates():
         fused_rope_and_unified_kv_cache_update(q, k, torch.zeros(3, 2, 16, dtype=torch.bfloat16),
                                                torch.arange(3), table, True, "model.layers.0.attn", "auto")
     assert all((pool.view(torch.uint8) == 0x5A).all() for pool in caches.pools)
+
+
+class _Decoder(torch.nn.Module):
+    """MHA layers of the public API used as a decoder uses them: ``forward`` (the output only), so the
+    rotated q and k are read only through their heads views and Inductor folds the flattened ones away
+    (the toy models above return them, which kept them in the graph)."""
+
+    def __init__(self, layers: int, is_neox: bool, rotary_dim: int, use_custom_op: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = torch.nn.ModuleList(
+            MHAAttention(32, 2, 1, 16, RotaryEmbedding(16, rotary_dim, 64, 10000.0, is_neox,
+                                                       use_custom_op=use_custom_op), f"layers.{i}")
+            for i in range(layers))
+
+    def forward(self, positions, x):
+        for layer in self.layers:
+            x = x + layer(positions, x)
+        return x
+
+
+@pytest.mark.parametrize("is_neox, rotary_dim", [(True, 16), (False, 16), (True, 8), (False, 8)],
+                         ids=["neox", "gptj", "neox-partial", "gptj-partial"])
+def test_a_decoder_that_returns_only_its_output_fuses_every_layer(is_neox, rotary_dim):
+    """Every MHA layer of a decoder built from the public layers fuses at O2 (before: none did, the pattern's
+    outputs were the flattened rotated q and k); the first layer writes its cache as eager with the unfused
+    ops does, bit for bit."""
+    model = _Decoder(2, is_neox, rotary_dim).to(torch.bfloat16)
+    reference = _Decoder(2, is_neox, rotary_dim, use_custom_op=True).to(torch.bfloat16)
+    reference.load_state_dict(model.state_dict())
+
+    def caches():
+        return {f"layers.{i}": LayerKVCache("auto", key_cache=torch.zeros(4, 4, 1, 16, dtype=torch.bfloat16),
+                                            value_cache=torch.zeros(4, 4, 1, 16, dtype=torch.bfloat16))
+                for i in range(2)}
+
+    positions, hidden = torch.tensor([3, 7, 1, 60, 5]), torch.randn(5, 32, dtype=torch.bfloat16)
+    slots = {f"layers.{i}": torch.arange(5) + 3 * i for i in range(2)}
+    torch._dynamo.reset()
+    compiled = mc.compile(model, backend="light")
+    results = []
+    for runner in (compiled, reference):
+        layer_caches = caches()
+        with torch.no_grad(), set_forward_context(layer_caches, slot_mapping=slots):
+            results.append((runner(positions.clone(), hidden.clone()), layer_caches))
+    assert mc.match_counts(compiled)["rope_kvcache_fusion"] == 2, mc.match_counts(compiled)
+    (_, got), (_, expected) = results  # (the first layer's write; later layers read Inductor's residual adds)
+    assert torch.equal(got["layers.0"].key_cache, expected["layers.0"].key_cache)
+    assert torch.equal(got["layers.0"].value_cache, expected["layers.0"].value_cache)

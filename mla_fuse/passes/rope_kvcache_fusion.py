@@ -22,14 +22,23 @@ class RopeKVCacheFusionPattern:
 
         q_rot, k_rot = rope(positions, q, k, cos_sin_cache, head_size=D, is_neox)
         dummy = unified_kv_cache_update(heads(k_rot, Hkv, D), value, NAME[, DTYPE])
-        outputs: q_rot (the anchor), dummy, k_rot
+        outputs: q_rot (the anchor), dummy, k_rot; native forms: heads(q_rot, H, D), dummy, heads(k_rot, Hkv, D)
 
     Replacement::
 
         f = auto_functionalized(fused_rope_and_unified_kv_cache_update, query=q, key=k, value=value,
                                 positions=positions, cos_sin_cache=cos_sin_cache, is_neox=is_neox,
                                 layer_name=NAME, kv_cache_dtype=DTYPE)
-        outputs: f[1] (q rotated), f[0] (dummy), f[2] (k rotated)
+        outputs: f[1] (q rotated), f[0] (dummy), f[2] (k rotated); native forms: their heads views
+
+    Why the native forms' outputs are heads views: a native rope rotates ``[T, heads, D]`` views and
+    returns them flattened, the layer views the results as heads again (``mha.heads``, for the
+    attention and the update), and Inductor folds the view pair away; so in a decoder, where nothing
+    else reads the rotated q and k, the flattened tensors are no nodes of the graph, and a pattern
+    with them as outputs matched only models that return them (the tests' did). The heads views are
+    nodes in a decoder; where the model also reads the flattened tensors, Inductor may keep them
+    instead (seen with the GPT-J form), so native forms register both (``outputs``: ``heads``
+    first, then ``flat``). The custom op's outputs are the flattened tensors themselves.
 
     Run after ``ScatterSplitReplacementPass`` (which makes ``k_rot`` feed the update directly).
     Anchored at the rotated q and checked like the MLA pattern (``binding_is_sound``: distinct
@@ -42,8 +51,9 @@ class RopeKVCacheFusionPattern:
 
     def __init__(self, form: str, is_neox: bool, call_form: pattern_utils.CallForm, kv_cache_dtype: str | None,
                  act_dtype: torch.dtype, table_dtype: torch.dtype, kv_heads: int, head_size: int,
-                 value_head_size: int, rotary_dim: int) -> None:
+                 value_head_size: int, rotary_dim: int, outputs: str = "flat") -> None:
         self.form, self.rope = form, rope_forms.FORMS[form]
+        self.outputs = outputs  # "flat": the rope's results; "heads": their heads views (native forms)
         self.call_form = call_form
         self.is_neox = is_neox
         self.kv_cache_dtype = kv_cache_dtype
@@ -63,20 +73,26 @@ class RopeKVCacheFusionPattern:
 
     def pattern(self, positions, q, k, value, cos_sin_cache, layer_name):
         q_rot, k_rot = self.rope(positions, q, k, cos_sin_cache, self.head_size, self.rotary_dim, self.is_neox)
-        dummy = self.call_form.call(UNIFIED_UPDATE, key=mha.heads(k_rot, self.kv_heads, self.head_size),
-                                    value=value, layer_name=layer_name, kv_cache_dtype=self.kv_cache_dtype)
-        return q_rot, dummy, k_rot
+        k_heads = mha.heads(k_rot, self.kv_heads, self.head_size)
+        dummy = self.call_form.call(UNIFIED_UPDATE, key=k_heads, value=value, layer_name=layer_name,
+                                    kv_cache_dtype=self.kv_cache_dtype)
+        if self.outputs == "flat":
+            return q_rot, dummy, k_rot
+        return mha.heads(q_rot, q.size(-1) // self.head_size, self.head_size), dummy, k_heads
 
     def replacement(self, positions, q, k, value, cos_sin_cache, layer_name):
         fused = auto_functionalized(
             FUSED_UPDATE, query=q, key=k, value=value, positions=positions, cos_sin_cache=cos_sin_cache,
             is_neox=self.is_neox, layer_name=layer_name, kv_cache_dtype=self.kv_cache_dtype,
         )
-        return fused[1], fused[0], fused[2]
+        if self.outputs == "flat":
+            return fused[1], fused[0], fused[2]
+        return (mha.heads(fused[1], q.size(-1) // self.head_size, self.head_size), fused[0],
+                mha.heads(fused[2], self.kv_heads, self.head_size))
 
     @property
     def name(self) -> str:
-        return f"rope_kvcache[{self.form},{self.is_neox},{self.kv_cache_dtype}]"
+        return f"rope_kvcache[{self.form},{self.is_neox},{self.kv_cache_dtype},{self.outputs}]"
 
     def precheck(self, match: pm.Match) -> bool:
         return pattern_utils.inputs_distinct(match, ("q", "k", "value"))
@@ -121,7 +137,9 @@ class RopeKVCacheFusionPass(pattern_utils.LazyPatternFusionPass):
                         for rotary_dim in rotary_dims if rotary_dim <= head_size for table_dtype in table_dtypes}
         for config in sorted(configs, key=repr):
             for form, is_neox in forms:
-                self.register(RopeKVCacheFusionPattern(form, is_neox, *config), (form, is_neox, *config))
+                for outputs in ("flat",) if form == "custom_op" else ("heads", "flat"):
+                    self.register(RopeKVCacheFusionPattern(form, is_neox, *config, outputs),
+                                  (form, is_neox, *config, outputs))
 
     def uuid_sources(self):
         return (*super().uuid_sources(), pattern_utils, rope_forms, aliasing, rotary_embedding, mha, unified_ops,
