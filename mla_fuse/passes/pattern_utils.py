@@ -251,7 +251,7 @@ class MatchTraces:
         memo, layer = cls._active, args[-1] if args else None
         if memo is None or not isinstance(layer, str):
             return trace_pattern(fn, args, **kwargs)
-        key = (id(owner), len(args), tuple(_value_key(arg) for arg in args[:-1]))
+        key = (id(owner), tuple(_value_key(arg) for arg in args[:-1]))
         cached = memo.get(key)
         if cached is None:
             cls.misses += 1
