@@ -2,7 +2,7 @@
 # Can `mla_fuse[test]` be installed next to what the serving engines install? For each pin set
 # below, pip's resolver runs a dry run (`pip install --dry-run --ignore-installed`: nothing is
 # installed) of this checkout's `.[test]` next to the pins; the script fails, with pip's answer,
-# when any set does not resolve (README "Versions").
+# when any set does not resolve (docs/VERSIONS.md).
 #
 # pip reads each wheel's metadata from the index (PEP 658) where the index serves it, and
 # otherwise reads only the metadata file inside the wheel with HTTP range requests (fast-deps):

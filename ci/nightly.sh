@@ -5,7 +5,7 @@
 #                               files in .mla_fuse_failures/; exit status 1 when a property failed
 #   ci/nightly.sh export        the whole shared database as reports/fuzz-database.zip
 #   ci/nightly.sh engine-torch  the engine leg (ci/version_leg.sh engine): torch 2.14.1 + triton 3.8.0,
-#                               what vLLM 0.33 and SGLang 0.5.23 install (README "Versions")
+#                               what vLLM 0.33 and SGLang 0.5.23 install (docs/VERSIONS.md)
 # The shared database is $MLA_FUSE_HYPOTHESIS_DB (redis://[:password@]host:port/db).
 # The campaign installs the CUDA build of torch 2.13.0 (the CPU pin of .ci/run would not see the
 # GPUs) with the triton it requires (3.7.1).

@@ -2,7 +2,7 @@
 # One version leg: a venv of its own (.venv-leg) with the given torch / triton / hypothesis and
 # this checkout's `.[test]` (nothing else: what a team's gate installs), then the kernels' unit
 # tests and the conformance suite (ci profile) on it. The main test command (.ci/run) runs the
-# newest triton and hypothesis; this runs the other ends of the ranges (README "Versions").
+# newest triton and hypothesis; this runs the other ends of the ranges (docs/VERSIONS.md).
 #   ci/version_leg.sh oldest   torch 2.13.0, triton 3.7.1, hypothesis 6.139.0: the floors of
 #                              pyproject.toml. Every change (.ci/run); about 7 minutes on the 2-core
 #                              development machine. The compile-pass property is left out: it

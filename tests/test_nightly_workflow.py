@@ -72,7 +72,7 @@ def test_the_script_runs_a_campaign_and_an_export_that_mla_fuse_accepts():
 
 
 def test_the_engine_leg_runs_nightly_on_a_cpu_runner_with_the_ci_sizes():
-    """torch 2.14.1 + triton 3.8.0 (README "Versions"): several GB of CUDA wheels, so nightly; the
+    """torch 2.14.1 + triton 3.8.0 (docs/VERSIONS.md): several GB of CUDA wheels, so nightly; the
     interpreter needs no GPU, and the campaign's large sizes and shared database are not for it."""
     job = workflow()["jobs"]["engine-torch"]
     assert "gpu" not in job["runs-on"]
