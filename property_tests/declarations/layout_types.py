@@ -17,6 +17,8 @@ NEW_KV_FORMS = {
               "[NB, Hkv, B, 2D] (HND), key_cache, value_cache = kv.split(D, dim=-1); K and V of one "
               "head sit side by side, so a key_cache row's head stride is 2D, not D",
 }
+# How an fp8 cache's scale is given: 1.0, one value (non-unit), one value per KV head (each different).
+SCALE_KINDS = ("unit", "tensor", "per_head")
 ENGINES = {"vllm": "0.33.0", "sglang": "0.5.23", "flashinfer": "0.7.2"}
 
 
@@ -66,6 +68,7 @@ class EngineLayout:
     block_sizes: tuple[int, ...]   # sizes allowed besides multiples of block_multiple
     block_multiple: int            # 0: only block_sizes
     fp8_scale: str                 # how an fp8 cache's scale is taken
+    scales: tuple[str, ...]        # SCALE_KINDS the engine passes with an fp8 cache; () for no fp8 cache
     sources: tuple[str, ...]       # path:line of the dtypes, padding, block sizes and scale
     notes: str = ""
 
