@@ -199,12 +199,13 @@ DEPLOYMENTS = (
     _d("gemma-7b-tp1-bf16-vllm-flash-prefill", "gemma-7b", 1, 16, 16, "auto", 16, "vllm-flash", "prefill", 24, _MHA,
        "256-wide heads: a 512-wide K|V row per head", _V16, _V_FA),
     _d("gemma-7b-tp2-fp8-vllm-flashinfer-decode", "gemma-7b", 2, 8, 8, "fp8", 16, "vllm-flashinfer", "decode", 4,
-       _MHA, "256-wide heads, fp8 with a scale, FlashInfer's blocks", _VFP8, "vllm/v1/attention/backends/flashinfer.py:603"),
+       _MHA, "256-wide heads, fp8 with a scale, FlashInfer's blocks", _VFP8,
+       "vllm/v1/attention/backends/flashinfer.py:603"),
     # Qwen2.5: 28 (7B) and 64 (72B) query heads
     _d("qwen2.5-7b-tp1-bf16-vllm-flash-decode", "qwen2.5-7b", 1, 28, 4, "auto", 16, "vllm-flash", "decode", 8, _MHA,
        "28 query heads (not a power of two) over 4 KV heads", _V16, _V_FA),
-    _d("qwen2.5-72b-tp8-fp8-vllm-flash-prefill", "qwen2.5-72b", 8, 8, 1, "fp8-per-head", 16, "vllm-flash", "prefill", 40,
-       _MHA, "one KV head per rank with a per-head scale, a 32,768-row table", _VFP8, _V_PER_HEAD),
+    _d("qwen2.5-72b-tp8-fp8-vllm-flash-prefill", "qwen2.5-72b", 8, 8, 1, "fp8-per-head", 16, "vllm-flash",
+       "prefill", 40, _MHA, "one KV head per rank with a per-head scale, a 32,768-row table", _VFP8, _V_PER_HEAD),
     # GLM-4: rotary on the first 64 of 128, GPT-J pairs
     _d("glm-4-9b-tp1-bf16-vllm-flash-prefill", "glm-4-9b", 1, 32, 2, "auto", 16, "vllm-flash", "prefill", 40, _MHA,
        "partial GPT-J rotary (64 of 128) on [T, H*D] columns, 2 KV heads", _V16, _V_FA,

@@ -34,7 +34,8 @@ import dataclasses
 
 from .layout_types import NEW_KV_FORMS, SCALE_KINDS, CacheForm, Call, EngineLayout, View, placement_of, size_of
 
-__all__ = ["LAYOUTS", "NEW_KV_FORMS", "SCALE_KINDS", "CacheForm", "Call", "EngineLayout", "View", "placement_of", "size_of"]
+__all__ = ["LAYOUTS", "NEW_KV_FORMS", "SCALE_KINDS", "CacheForm", "Call", "EngineLayout", "View",
+           "placement_of", "size_of"]
 
 # ---------------------------------------------------------------- the views engines make
 
@@ -111,7 +112,8 @@ _VLLM = (
         calls=(Call("rotary_embedding", "torch.ops.vllm.flashinfer_rotary_embedding (FlashInfer's "
                     "apply_rope_with_cos_sin_cache_inplace)",
                     "vllm/model_executor/layers/rotary_embedding/deepseek_scaling_rope.py:211"),
-               Call("concat_and_cache_mla", "vllm._custom_ops.concat_and_cache_mla", "vllm/v1/attention/backend.py:1122"),
+               Call("concat_and_cache_mla", "vllm._custom_ops.concat_and_cache_mla",
+                    "vllm/v1/attention/backend.py:1122"),
                Call("concat_and_cache_mla_rope_fused", "vllm._custom_ops.concat_and_cache_mla_rope_fused",
                     "vllm/compilation/passes/fusion/mla_rope_kvcache_cat_fusion.py:43")),
         views=(_mla("query", "q_pe", ("rotary_embedding",), f"{_VLLM_MLA}:228"),
@@ -126,7 +128,8 @@ _VLLM = (
         scales=("unit", "tensor"), fp8_scale=_VLLM_FP8 + "; skip_scale when the scale is 1.0",
         sources=(*_VLLM_INDEX_SOURCES, "vllm/model_executor/layers/attention/mla_attention.py:750",
                  "vllm/v1/attention/backends/mla/flashattn_mla.py:50", "vllm/v1/attention/backends/mla/flashmla.py:58",
-                 "vllm/v1/attention/backends/mla/flashinfer_mla.py:205", "vllm/v1/attention/backends/mla/cutlass_mla.py:50",
+                 "vllm/v1/attention/backends/mla/flashinfer_mla.py:205",
+                 "vllm/v1/attention/backends/mla/cutlass_mla.py:50",
                  "vllm/model_executor/layers/rotary_embedding/deepseek_scaling_rope.py:56"),
         notes="Block sizes per backend: FLASH_ATTN_MLA (first on Hopper) multiples of 16, FLASHINFER_MLA (first on "
               "Blackwell) 32 or 64, FlashMLA 64, CUTLASS MLA 128. DeepSeek-V2/V3's rotary goes to FlashInfer's "
@@ -143,7 +146,8 @@ _VLLM = (
         cache=CacheForm("chunked", "halves", False, _VLLM_HALVES.format(order="LBNHC (NHD, layer-outer)"),
                         "vllm/v1/attention/backends/flash_attn.py:1448"),
         **_VLLM_INDEX, table_dtype="input", block_default=16, block_sizes=(), block_multiple=16,
-        scales=("unit", "tensor", "per_head"), fp8_scale=_VLLM_FP8_PER_HEAD, sources=(*_VLLM_INDEX_SOURCES, "vllm/v1/attention/backends/flash_attn.py:367",
+        scales=("unit", "tensor", "per_head"), fp8_scale=_VLLM_FP8_PER_HEAD,
+        sources=(*_VLLM_INDEX_SOURCES, "vllm/v1/attention/backends/flash_attn.py:367",
                  "vllm/v1/attention/backends/utils.py:229", "vllm/model_executor/layers/attention/attention.py:294",
                  "vllm/model_executor/layers/rotary_embedding/base.py:240"),
         notes=_VLLM_MHA_NOTES + " FA4 with head size 256, and FA4 with an fp8 cache on SM90, fix one block "
@@ -156,7 +160,8 @@ _VLLM = (
         cache=CacheForm("chunked", "halves", False, _VLLM_HALVES.format(order="LBNHC (NHD, layer-outer)"),
                         "vllm/v1/attention/backends/flashinfer.py:2844"),
         **_VLLM_INDEX, table_dtype="input", block_default=16, block_sizes=(16, 32, 64), block_multiple=0,
-        scales=("unit", "tensor"), fp8_scale=_VLLM_FP8, sources=(*_VLLM_INDEX_SOURCES, "vllm/v1/attention/backends/flashinfer.py:603"),
+        scales=("unit", "tensor"), fp8_scale=_VLLM_FP8,
+        sources=(*_VLLM_INDEX_SOURCES, "vllm/v1/attention/backends/flashinfer.py:603"),
         notes=_VLLM_MHA_NOTES + " On Hopper and older; Blackwell: vllm-flashinfer-hnd."),
     EngineLayout(
         "vllm-flashinfer-hnd", "vllm", "mha",
@@ -174,12 +179,16 @@ _VLLM = (
     EngineLayout(
         "vllm-rope-cache-rocm", "vllm", "mha",
         calls=(Call("rope_and_reshape_and_cache_flash", "AttentionImpl.do_rope_and_kv_cache_update (in "
-                    "torch.ops.vllm.fused_rope_and_unified_kv_cache_update)", "vllm/compilation/passes/fusion/rope_kvcache_fusion.py:64"),),
+                    "torch.ops.vllm.fused_rope_and_unified_kv_cache_update)",
+                    "vllm/compilation/passes/fusion/rope_kvcache_fusion.py:64"),),
         views=tuple(_qkv(argument, ("rope_and_reshape_and_cache_flash",), 3,
                          "vllm/compilation/passes/fusion/rope_kvcache_fusion.py:337") for argument in _QKV_COLUMNS),
-        cache=CacheForm("chunked", "halves", False, _VLLM_HALVES.format(order="LBNHC (NHD) by default; ROCm backends also declare LBHNC and LHBNC (HND)"),
+        cache=CacheForm("chunked", "halves", False,
+                        _VLLM_HALVES.format(order="LBNHC (NHD) by default; ROCm backends also declare LBHNC "
+                                                  "and LHBNC (HND)"),
                         "vllm/v1/attention/backends/triton_attn.py:863"),
-        **_VLLM_INDEX, table_dtype="input", block_default=16, block_sizes=(), block_multiple=16, scales=("unit", "tensor"), fp8_scale=_VLLM_FP8,
+        **_VLLM_INDEX, table_dtype="input", block_default=16, block_sizes=(), block_multiple=16,
+        scales=("unit", "tensor"), fp8_scale=_VLLM_FP8,
         sources=(*_VLLM_INDEX_SOURCES, "vllm/v1/attention/backends/triton_attn.py:340",
                  "vllm/v1/attention/backends/triton_attn.py:871"),
         notes="Only ROCm backends implement the fused MHA rope + cache write (AITER's triton_rope_and_cache); "
@@ -216,7 +225,8 @@ _SGLANG = (
                _mla("key", "k_pe_head", ("rotary_embedding",), f"{_SGL_MLA}:202"),
                _mla("k_pe", "k_pe_head", ("concat_and_cache_mla",), f"{_SGL_MLA}:202"),
                _mla("kv_c", "kv_c_head", ("concat_and_cache_mla",), f"{_SGL_MLA}:400")),
-        cache=_SGL_MLA_CACHE, **_SGL_INDEX, block_default=1, block_sizes=(), block_multiple=1, scales=("unit",), fp8_scale=_SGL_MLA_FP8,
+        cache=_SGL_MLA_CACHE, **_SGL_INDEX, block_default=1, block_sizes=(), block_multiple=1,
+        scales=("unit",), fp8_scale=_SGL_MLA_FP8,
         sources=(*_SGL_INDEX_SOURCES, f"{_SGL_POOL}:5016", f"{_SGL_MLA}:345", f"{_SGL_MLA}:363",
                  "sglang/srt/arg_groups/overrides.py:1154"),
         notes=_SGL_PADDING + " k_pe and kv_c reach the cache write as [T, 1, R] and [T, 1, L] (the contract's "
@@ -224,7 +234,8 @@ _SGLANG = (
               "the latent is kv_a_proj_with_mqa's output (forward_mla.py:485)."),
     EngineLayout(
         "sglang-mla-trtllm", "sglang", "mla",
-        calls=(Call("concat_and_cache_mla_rope_fused", "sglang.kernels.ops.attention.utils.mla_quantize_and_rope_for_fp8 "
+        calls=(Call("concat_and_cache_mla_rope_fused",
+                    "sglang.kernels.ops.attention.utils.mla_quantize_and_rope_for_fp8 "
                     "(FlashInfer's mla_rope_quantize_fp8), then set_mla_kv_buffer",
                     "sglang/srt/layers/attention/trtllm_mla_backend.py:1266"),),
         views=(_mla("q_pe", "q_pe", ("concat_and_cache_mla_rope_fused",), f"{_SGL_MLA}:201"),
@@ -235,7 +246,8 @@ _SGLANG = (
         cache=_SGL_MLA_CACHE, **_SGL_INDEX, block_default=64, block_sizes=(32, 64), block_multiple=0,
         scales=("unit",), fp8_scale="quant_scale_kv=1.0 (fp8 caches only)",
         sources=(*_SGL_INDEX_SOURCES, "sglang/srt/arg_groups/overrides.py:1159",
-                 "sglang/kernels/ops/attention/utils.py:117", "sglang/srt/arg_groups/model_overrides/deepseek_v2.py:185"),
+                 "sglang/kernels/ops/attention/utils.py:117",
+                 "sglang/srt/arg_groups/model_overrides/deepseek_v2.py:185"),
         notes=_SGL_PADDING + " The default for DeepSeek-V3/R1 on Blackwell. Not in place: the rotated q and k go "
               "to new fp8 tensors (q_out [T, H, L + R]), which set_mla_kv_buffer then writes; the contract's "
               "fused op matches its cache bytes, not its q_pe/k_pe."),
@@ -248,8 +260,11 @@ _SGLANG = (
                _qkv("key", ("reshape_and_cache_flash",), 3, "sglang/srt/layers/radix_attention.py:126"),
                _qkv("value", ("reshape_and_cache_flash",), 3, "sglang/srt/layers/radix_attention.py:132")),
         cache=_SGL_MHA_CACHE, **_SGL_INDEX, block_default=1, block_sizes=(), block_multiple=1,
-        scales=("unit", "tensor"), fp8_scale="k_scale, v_scale python floats: cache_k.div_(k_scale) on the caller's k, in place, then a plain cast",
-        sources=(*_SGL_INDEX_SOURCES, f"{_SGL_POOL}:2928", f"{_SGL_POOL}:2569", "sglang/srt/arg_groups/overrides.py:1183",
+        scales=("unit", "tensor"),
+        fp8_scale="k_scale, v_scale python floats: cache_k.div_(k_scale) on the caller's k, in place, then a "
+                  "plain cast",
+        sources=(*_SGL_INDEX_SOURCES, f"{_SGL_POOL}:2928", f"{_SGL_POOL}:2569",
+                 "sglang/srt/arg_groups/overrides.py:1183",
                  "sglang/srt/models/llama.py:245"),
         notes=_SGL_PADDING + " The rotary call gets each head sliced to the rotary width, q.view(T, -1, D)[..., :R] "
               "(partial rotary: GLM-4). With HND (use_hnd) the pool is [pages, Hkv, page, D] per half "
@@ -322,9 +337,11 @@ _FLASHINFER = (
                     f"{_FI_ROPE}:1567")),
         views=(_plain("kv_c", _MLA_CACHE_OPS, ("tokens", "latent"), f"{_FI_PAGE}:411"),
                _plain("k_pe", _MLA_CACHE_OPS, ("tokens", "rotary_dim"), f"{_FI_PAGE}:411"),
-               _plain("q_pe", ("concat_and_cache_mla_rope_fused",), ("tokens", "heads", "rotary_dim"), f"{_FI_ROPE}:1567")),
+               _plain("q_pe", ("concat_and_cache_mla_rope_fused",), ("tokens", "heads", "rotary_dim"),
+                      f"{_FI_ROPE}:1567")),
         cache=CacheForm("separate", "", False, "ckv_cache [NB, B, L] and kpe_cache [NB, B, R], two tensors: the "
-                        "contract's [NB, B, L + R] cache passed as cache[..., :L] and cache[..., L:]", f"{_FI_PAGE}:437"),
+                        "contract's [NB, B, L + R] cache passed as cache[..., :L] and cache[..., L:]",
+                        f"{_FI_PAGE}:437"),
         **_FI_INDEX, scales=("unit", "tensor"), fp8_scale=_FI_FP8, sources=(*_FI_INDEX_SOURCES, f"{_FI_PAGE}:423"),
         notes=_FI_NOTES + " append_paged_mla_kv_cache supports only L = 512, R = 64. mla_rope_quantize_fp8 "
               f"({_FI_ROPE}:1292) rotates and quantizes into new tensors and writes no cache."),
