@@ -18,7 +18,7 @@ is wrong with one):
                     table's last rows; ``prefill``: a chunk past the largest decode batch, consecutive
                     positions, consecutive slots starting mid-block (at ``block_size // 2``)
 ``tokens``          the token count run on the CPU (every profile runs every deployment through
-                    Triton's interpreter): decode 2 to 8, prefill 24 to 40, past every decode count
+                    Triton's interpreter): decode 4 to 8, prefill 24 to 40, past every decode count
 ``operations``      the ``operations.OPERATIONS`` it runs, each one of its layout's
 ``why``             the conditions it combines
 ``sources``         ``path:line`` in the pinned engine of the settings that make it (block size,
@@ -26,8 +26,9 @@ is wrong with one):
 
 ``cpu_elements`` gives what one example allocates: the parents of its inputs, the cache (blocks as
 ``num_blocks`` says) and the cos/sin table (``table_rows x rotary_dim``; only the rows read are
-computed when unused rows are poisoned). The largest example is under 1.6 million input and
-cache elements; docs/REAL_SIZES.md lists them all.
+computed when unused rows are poisoned). The largest example holds 1.2 million input and cache
+elements (DeepSeek-V3 TP 1 prefill: q [40, 128, 192]); the table dominates where it is long (up
+to 16.8 million, Llama-3.1's 131,072 rows x 128). docs/REAL_SIZES.md lists them all.
 
 Imports only other ``declarations`` modules.
 """
@@ -205,7 +206,7 @@ DEPLOYMENTS = (
     _d("qwen2.5-7b-tp1-bf16-vllm-flash-decode", "qwen2.5-7b", 1, 28, 4, "auto", 16, "vllm-flash", "decode", 8, _MHA,
        "28 query heads (not a power of two) over 4 KV heads", _V16, _V_FA),
     _d("qwen2.5-72b-tp8-fp8-vllm-flash-prefill", "qwen2.5-72b", 8, 8, 1, "fp8-per-head", 16, "vllm-flash",
-       "prefill", 40, _MHA, "one KV head per rank with a per-head scale, a 32,768-row table", _VFP8, _V_PER_HEAD),
+       "prefill", 40, _MHA, "one KV head per rank with a one-element per-head scale, a 32,768-row table", _VFP8, _V_PER_HEAD),
     # GLM-4: rotary on the first 64 of 128, GPT-J pairs
     _d("glm-4-9b-tp1-bf16-vllm-flash-prefill", "glm-4-9b", 1, 32, 2, "auto", 16, "vllm-flash", "prefill", 40, _MHA,
        "partial GPT-J rotary (64 of 128) on [T, H*D] columns, 2 KV heads", _V16, _V_FA,

@@ -25,6 +25,12 @@ How an entry maps onto the suite's names (``cases/types.py`` ``Placement``,
   that the suite does not build yet; ``hnd`` is the suite's HND flag; MLA caches have ``kv=""``.
 * ``table_dtype`` is ``TableSpec.dtype`` (``float32`` or ``input``, the activations' dtype).
 
+Not found in the Python sources (decided in C++ or not stated): whether FlashInfer's
+``quant_scale_kv`` multiplies or divides; the dtype FlashInfer's rope takes for positions; the
+strides vLLM's CUDA ``reshape_and_cache_flash`` accepts beyond the views its callers pass (the
+``halves`` form gives a key_cache head stride of 2D). FlashInfer's ``mla_rope_quantize_fp8``
+(SGLang's fused fp8 MLA path) rotates and quantizes into new tensors and writes no cache.
+
 Imports only ``declarations.layout_types`` (its types).
 """
 
