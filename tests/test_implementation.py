@@ -123,3 +123,18 @@ def test_require_errors_name_the_option_as_given():
         parse_required("rotary", "--mla-fuse-require")
     with pytest.raises(ImplementationError, match=r"^implementation 'x': required: rotary not an operation"):
         describe(types.SimpleNamespace(rotary_embedding=lambda *args: None, required=("rotary",)), "x")
+
+
+def test_the_plugin_loads_only_the_option_names_at_import():
+    """The guest rule (plugin.py): importing the plugin, option names included, loads no torch,
+    hypothesis or Triton and nothing of ours but the declared names."""
+    import json
+    import subprocess
+
+    code = "import json, sys; import mla_fuse_conformance.plugin; print(json.dumps(sorted(sys.modules)))"
+    loaded = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                       timeout=300).stdout)
+    ours = {name for name in loaded if name.split(".")[0] in ("torch", "hypothesis", "triton", "mla_fuse",
+                                                              "mla_fuse_conformance", "mla_fuse_reference")}
+    assert ours == {"mla_fuse_conformance", "mla_fuse_conformance.plugin", "mla_fuse_conformance.declarations",
+                    "mla_fuse_conformance.declarations.options"}, ours
