@@ -123,6 +123,8 @@ def _message(spec: str) -> str:
                      "team_adapter:INSTANCE or team_adapter:MyKernels?"),
     ("team_adapter:MyKernel", "--impl=team_adapter:MyKernel: module 'team_adapter' has no attribute 'MyKernel'; "
                               "did you mean team_adapter:MyKernels or team_adapter:INSTANCE?"),
+    ("team_adapter.py", "--impl=team_adapter.py: 'team_adapter.py' is a module, not an implementation; did you "
+                        "mean team_adapter:INSTANCE or team_adapter:MyKernels?"),
     ("team_helpers", "--impl=team_helpers: 'team_helpers' is a module, not an implementation; it holds no class "
                      "or object with an operation of the contract"),
     ("mutant:sin_sign_flip", "--impl=mutant:sin_sign_flip: no mutant of that name; did you mean "

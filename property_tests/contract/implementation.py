@@ -190,7 +190,8 @@ def _target_spec(spec: str, given: str) -> str:
         return mutants[spec]
     if ":" in spec:
         return spec
-    module = _import(spec, given) if all(part.isidentifier() for part in spec.split(".")) else None
+    module_name = spec.removesuffix(".py")  # a file name typed for its module
+    module = _import(module_name, given) if all(part.isidentifier() for part in module_name.split(".")) else None
     if module is not None:
         raise ImplementationError(f"{given}: {spec!r} is a module, not an implementation"
                                   f"{suggestions.in_module(module)}")
@@ -203,12 +204,10 @@ def _import(module_name: str, given: str) -> types.ModuleType | None:
     """The module, or None where no module of that name exists; one that fails to import raises."""
     try:
         return importlib.import_module(module_name)
-    except ModuleNotFoundError as error:
-        if error.name and (module_name == error.name or module_name.startswith(error.name + ".")):
-            return None
-        raise ImplementationError(f"{given}: cannot import module {module_name!r}: "
-                                  f"{type(error).__name__}: {_first_line(error)}") from error
     except Exception as error:  # noqa: BLE001 - any import failure is reported in one line
+        missing = getattr(error, "name", None) if isinstance(error, ModuleNotFoundError) else None
+        if missing and (module_name == missing or module_name.startswith(missing + ".")):
+            return None
         raise ImplementationError(f"{given}: cannot import module {module_name!r}: "
                                   f"{type(error).__name__}: {_first_line(error)}") from error
 
