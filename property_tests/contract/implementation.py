@@ -195,9 +195,9 @@ def _target_spec(spec: str, given: str) -> str:
     if module is not None:
         raise ImplementationError(f"{given}: {spec!r} is a module, not an implementation"
                                   f"{suggestions.in_module(module)}")
-    raise ImplementationError(f"{given}: not a registered name{suggestions.close_to(spec, registered_names())}. "
-                              f"Registered: {suggestions.summary(registered_names(), MUTANT_PREFIX)}; "
-                              "or give module.path:attr")
+    hint = suggestions.close_to(spec, registered_names()) or "."
+    raise ImplementationError(f"{given}: not a registered name{hint} Registered: "
+                              f"{suggestions.summary(registered_names(), MUTANT_PREFIX)}; or give module.path:attr")
 
 
 def _import(module_name: str, given: str) -> types.ModuleType | None:
