@@ -6,7 +6,8 @@ works from any directory: the options are known before any test module is import
 pytest loads it into every session of an environment where mla_fuse is installed, so it is a
 guest, as hypothesis' own plugin is:
 
-* at import it loads the standard library and pytest only (no torch, hypothesis or Triton);
+* at import it loads the standard library, pytest and the option names of
+  ``declarations.options`` only (no torch, hypothesis or Triton);
 * its options are all ``--mla-fuse-*`` (``--mla-fuse-impl``, ``--mla-fuse-require``), so a
   project's own ``--impl`` keeps working;
 * it writes nothing to ``os.environ``, registers and loads no hypothesis profile and writes no
@@ -44,9 +45,9 @@ import sys
 
 import pytest
 
-IMPL_OPTION = "--mla-fuse-impl"
-REQUIRE_OPTION = "--mla-fuse-require"
-IMPL_ENV_VAR = "MLA_FUSE_IMPL"  # also read by contract.implementation.resolve_spec
+from mla_fuse_conformance.declarations.options import (DEFAULT_IMPL, IMPL_ENV_VAR, PYTEST_IMPL_OPTION,
+                                                       PYTEST_REQUIRE_OPTION)
+
 REPORT_DIR_ENV = "MLA_FUSE_REPORT_DIR"
 PROFILE_PREFIX = "mla_fuse."
 
@@ -111,13 +112,13 @@ def state(config) -> SuiteState:
 def pytest_addoption(parser):
     group = parser.getgroup("mla_fuse", "mla_fuse conformance suite")
     group.addoption(
-        IMPL_OPTION, dest="mla_fuse_impl", default=None, metavar="SPEC",
+        PYTEST_IMPL_OPTION, dest="mla_fuse_impl", default=None, metavar="SPEC",
         help=f"implementation under test: a registered name (triton, reference, vllm, flashinfer, sglang, "
              f"mutant:NAME) or 'module.path:attr' (the current directory is importable); falls back to "
-             f"${IMPL_ENV_VAR}, then 'triton'",
+             f"${IMPL_ENV_VAR}, then '{DEFAULT_IMPL}'",
     )
     group.addoption(
-        REQUIRE_OPTION, dest="mla_fuse_require", default=None, metavar="OP[,OP]",
+        PYTEST_REQUIRE_OPTION, dest="mla_fuse_require", default=None, metavar="OP[,OP]",
         help="operations the implementation must provide: a missing one fails instead of being skipped "
              "(adds to the adapter's own `required`)",
     )
@@ -151,8 +152,8 @@ def loaded_implementation(config):
     if current.implementation is None:
         from mla_fuse_conformance.contract.implementation import load_implementation, parse_required
 
-        require = parse_required(config.getoption("mla_fuse_require"))
-        current.implementation = load_implementation(config.getoption("mla_fuse_impl"), require)
+        require = parse_required(config.getoption("mla_fuse_require"), PYTEST_REQUIRE_OPTION)
+        current.implementation = load_implementation(config.getoption("mla_fuse_impl"), require, PYTEST_IMPL_OPTION)
     return current.implementation
 
 

@@ -36,7 +36,7 @@ def test_env_var_is_the_fallback(monkeypatch):
 
 
 @pytest.mark.parametrize("spec, message", [
-    ("no_such_name", "neither a registered name"),
+    ("no_such_name", "not a registered name"),
     ("no_such_module_xyz:Impl", "cannot import module"),
     ("mla_fuse_reference.adapter:Missing", "has no attribute"),
 ])
@@ -94,4 +94,47 @@ def test_load_errors_are_one_line(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(ImplementationError) as error:
         load_implementation("fails_on_init:K")
-    assert str(error.value) == "--impl fails_on_init:K: K() failed: ImportError: lib missing"
+    assert str(error.value) == "--impl=fails_on_init:K: K() failed: ImportError: lib missing"
+
+
+# ---------------------------------------------------------------- errors name the option as the user gave it
+
+
+@pytest.mark.parametrize("option, env, given", [
+    ("--impl", None, "--impl=no_such_module_xyz:Impl: "),
+    ("--mla-fuse-impl", None, "--mla-fuse-impl=no_such_module_xyz:Impl: "),
+    ("--mla-fuse-impl", "no_such_module_xyz:Impl", "$MLA_FUSE_IMPL=no_such_module_xyz:Impl: "),
+])
+def test_load_errors_name_the_option_as_given(monkeypatch, option, env, given):
+    from mla_fuse_conformance.contract.implementation import ImplementationError
+
+    monkeypatch.delenv("MLA_FUSE_IMPL", raising=False)
+    if env:
+        monkeypatch.setenv("MLA_FUSE_IMPL", env)
+    with pytest.raises(ImplementationError) as error:
+        load_implementation(None if env else "no_such_module_xyz:Impl", option=option)
+    assert str(error.value).startswith(given), str(error.value)
+
+
+def test_require_errors_name_the_option_as_given():
+    from mla_fuse_conformance.contract.implementation import ImplementationError, parse_required
+
+    with pytest.raises(ImplementationError, match="^--mla-fuse-require: rotary not an operation"):
+        parse_required("rotary", "--mla-fuse-require")
+    with pytest.raises(ImplementationError, match=r"^implementation 'x': required: rotary not an operation"):
+        describe(types.SimpleNamespace(rotary_embedding=lambda *args: None, required=("rotary",)), "x")
+
+
+def test_the_plugin_loads_only_the_option_names_at_import():
+    """The guest rule (plugin.py): importing the plugin, option names included, loads no torch,
+    hypothesis or Triton and nothing of ours but the declared names."""
+    import json
+    import subprocess
+
+    code = "import json, sys; import mla_fuse_conformance.plugin; print(json.dumps(sorted(sys.modules)))"
+    loaded = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                       timeout=300).stdout)
+    ours = {name for name in loaded if name.split(".")[0] in ("torch", "hypothesis", "triton", "mla_fuse",
+                                                              "mla_fuse_conformance", "mla_fuse_reference")}
+    assert ours == {"mla_fuse_conformance", "mla_fuse_conformance.plugin", "mla_fuse_conformance.declarations",
+                    "mla_fuse_conformance.declarations.options"}, ours

@@ -1,4 +1,4 @@
-"""Command line of the conformance suite: ``mla-fuse {verify,repro,fuzz,db}``
+"""Command line of the conformance suite: ``mla-fuse {verify,repro,adapter,fuzz,db}``
 (also ``python -m mla_fuse_conformance ...``). Works from any directory: the current
 directory is importable, so ``--impl my_adapter:MyKernels`` finds ``./my_adapter.py``.
 
@@ -14,19 +14,22 @@ import pathlib
 import sys
 
 from mla_fuse_conformance.commands import fuzz
+from mla_fuse_conformance.commands.adapter_template import add_adapter
+from mla_fuse_conformance.declarations.options import CLI_IMPL_OPTION, CLI_REQUIRE_OPTION, DEFAULT_IMPL, IMPL_ENV_VAR
 from mla_fuse_conformance.settings import profiles
 from mla_fuse_conformance.running import recording
 
 
 def add_verify(commands) -> None:
     verify = commands.add_parser("verify", help="run the conformance suite and print a per-operation report")
-    verify.add_argument("--impl", default=None, help="SPEC: registered name or module.path:attr (default: "
-                                                     "$MLA_FUSE_IMPL, then triton)")
+    verify.add_argument(CLI_IMPL_OPTION, dest="impl", default=None,
+                        help=f"SPEC: registered name or module.path:attr "
+                             f"(default: ${IMPL_ENV_VAR}, then {DEFAULT_IMPL})")
     verify.add_argument("--profile", default=None, choices=profiles.NAMES,
                         help="hypothesis profile (default: ci under CI=true, else dev)")
     verify.add_argument("--report-dir", type=pathlib.Path, default=pathlib.Path(".mla_fuse_reports"),
                         help="where report.json, junit.xml and the metric lines go (default: ./.mla_fuse_reports)")
-    verify.add_argument("--require", default=None, metavar="OP[,OP]",
+    verify.add_argument(CLI_REQUIRE_OPTION, dest="require", default=None, metavar="OP[,OP]",
                         help="operations that must be provided: a missing one fails instead of being skipped")
     verify.add_argument("-n", "--workers", default=None,
                         help="pytest-xdist workers (default: auto); a crashing kernel kills one worker, not the run")
@@ -52,23 +55,25 @@ def add_verify(commands) -> None:
 def add_repro(commands) -> None:
     repro = commands.add_parser("repro", help="replay a saved failing case without hypothesis")
     repro.add_argument("file", type=pathlib.Path)
-    repro.add_argument("--impl", default=None, help="override the implementation recorded in the file")
+    repro.add_argument(CLI_IMPL_OPTION, dest="impl", default=None,
+                       help="override the implementation recorded in the file")
     repro.add_argument("--device", default=None, help="override the device recorded in the file")
 
     def run(args) -> int:
         from mla_fuse_conformance.running import replay
 
-        return replay.main([str(args.file), *(["--impl", args.impl] if args.impl else []),
+        return replay.main([str(args.file), *([CLI_IMPL_OPTION, args.impl] if args.impl else []),
                             *(["--device", args.device] if args.device else [])])
 
     repro.set_defaults(run=run)
 
 
-COMMANDS = (add_verify, add_repro, *fuzz.COMMANDS)
+COMMANDS = (add_verify, add_repro, add_adapter, *fuzz.COMMANDS)
 
 
 DESCRIPTION = """The mla_fuse conformance suite: verify an implementation of CONTRACT section 4 (yours, through
-an adapter, or a shipped one), replay a saved failure, fuzz with HypoFuzz, share the example database.
+an adapter, or a shipped one), replay a saved failure, write an adapter skeleton, fuzz with
+HypoFuzz, share the example database.
 
 Run `mla-fuse COMMAND --help` for a command's options."""
 

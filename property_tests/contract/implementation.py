@@ -15,11 +15,19 @@ callables of CONTRACT §4 (``OPERATIONS``) plus a few declarations:
 ``required``       operations that must be provided: a missing one fails instead of being
                    skipped (``--require OP[,OP]`` adds to it)
 
+Each operation it provides must take the contract's positional arguments
+(``OPERATION_ARGUMENTS``): a method that does not stops the load with one line naming it, the
+parameter that does not fit and the contract's signature (``contract.signatures``). A method whose
+signature cannot be read (``torch.ops`` builtins, C extensions) is accepted: signature not
+readable; checked when called (``Implementation.unchecked`` lists them).
+
 A SPEC names one: a registered name (``triton``, ``reference``, ``vllm``, ``flashinfer``,
 ``sglang``, the mutants ``mutant:NAME``), or ``module.path:attr`` for any importable module
 (the current directory is importable); a class is instantiated with no arguments.
-``MLA_FUSE_IMPL`` is the fallback when no SPEC is given. A SPEC that cannot be loaded raises
-``ImplementationError`` with a one-line message.
+``$MLA_FUSE_IMPL`` is the fallback when no SPEC is given. A SPEC that cannot be loaded raises
+``ImplementationError`` with a one-line message that names the option as the user gave it
+(``--impl`` of the commands, ``--mla-fuse-impl`` under pytest, or ``$MLA_FUSE_IMPL``) and, for a
+name that is not registered, what they may have meant (``contract.suggestions``).
 """
 
 from __future__ import annotations
@@ -29,16 +37,18 @@ import difflib
 import importlib
 import os
 import sys
+import types
 from typing import Any, Callable
 
+from mla_fuse_conformance.contract import suggestions
 from mla_fuse_conformance.contract.capabilities import Capabilities, from_declaration
-from mla_fuse_conformance.declarations.operations import OPERATION_ARGUMENTS, OPERATIONS, PADDED_ROW_MODES, ROUNDING_MODES
+from mla_fuse_conformance.contract.signatures import UNREADABLE, contract_signature, signature_problem
+from mla_fuse_conformance.declarations.operations import (OPERATION_ARGUMENTS, OPERATIONS, PADDED_ROW_MODES,
+                                                           ROUNDING_MODES)
+from mla_fuse_conformance.declarations.options import CLI_IMPL_OPTION, CLI_REQUIRE_OPTION, DEFAULT_IMPL, IMPL_ENV_VAR
 
 __all__ = ["OPERATION_ARGUMENTS", "OPERATIONS", "Capabilities", "Implementation", "ImplementationError", "describe",
            "load_implementation", "parse_required", "registered_names", "resolve_spec"]
-
-IMPL_ENV_VAR = "MLA_FUSE_IMPL"
-DEFAULT_IMPL = "triton"
 
 # Names that resolve to specs, lazily: nothing is imported until that implementation is chosen
 # (``mutant:NAME`` resolves through MUTANTS_MODULE, see ``_mutant_specs``).
@@ -51,6 +61,7 @@ BUILT_IN: dict[str, str] = {
     "flashinfer": "mla_fuse_conformance.adapters.flashinfer:FlashInferImplementation",
     "sglang": "mla_fuse_conformance.adapters.sglang:SglangImplementation",
 }
+MUTANT_PREFIX = "mutant:"
 
 
 def registered_names() -> list[str]:
@@ -74,6 +85,7 @@ class Implementation:
     capabilities: dict = dataclasses.field(default_factory=lambda: from_declaration(None, "<default>"))
     required: tuple[str, ...] = ()
     near_misses: dict = dataclasses.field(default_factory=dict)  # attribute -> the operation it resembles
+    unchecked: tuple[str, ...] = ()  # operations whose signature could not be read (checked when called)
 
     def provides(self, operation: str) -> bool:
         return callable(getattr(self.target, operation, None))
@@ -119,42 +131,85 @@ def resolve_spec(spec: str | None) -> str:
     return spec or os.environ.get(IMPL_ENV_VAR) or DEFAULT_IMPL
 
 
-def parse_required(text: str | None) -> tuple[str, ...]:
-    """``--require OP[,OP]`` -> operation names, each checked against the contract."""
+def given_as(spec: str | None, option: str = CLI_IMPL_OPTION) -> str:
+    """How the user named the implementation, for messages: ``--impl=x``, ``--mla-fuse-impl=x``,
+    ``$MLA_FUSE_IMPL=x`` or ``triton (the default of --impl)``."""
+    if spec:
+        return f"{option}={spec}"
+    if os.environ.get(IMPL_ENV_VAR):
+        return f"${IMPL_ENV_VAR}={os.environ[IMPL_ENV_VAR]}"
+    return f"{DEFAULT_IMPL} (the default of {option})"
+
+
+def parse_required(text: str | None, option: str = CLI_REQUIRE_OPTION) -> tuple[str, ...]:
+    """``--require OP[,OP]`` -> operation names, each checked against the contract (``option``: how
+    the user gave them, for the message)."""
     names = tuple(name.strip() for name in (text or "").split(",") if name.strip())
     unknown = [name for name in names if name not in OPERATIONS]
     if unknown:
-        raise ImplementationError(f"--require: {', '.join(unknown)} not an operation of the contract; "
+        raise ImplementationError(f"{option}: {', '.join(unknown)} not an operation of the contract; "
                                   f"expected some of {', '.join(OPERATIONS)}")
     return names
 
 
-def load_implementation(spec: str | None = None, require: tuple[str, ...] = ()) -> Implementation:
-    """Load the implementation named by ``spec`` (see the module docstring)."""
+def load_implementation(spec: str | None = None, require: tuple[str, ...] = (),
+                        option: str = CLI_IMPL_OPTION) -> Implementation:
+    """Load the implementation named by ``spec`` (see the module docstring); ``option`` is the
+    option the user gave it with, named in errors (``--impl``, ``--mla-fuse-impl``)."""
+    given = given_as(spec, option)
     spec = resolve_spec(spec)
-    target_spec = BUILT_IN.get(spec) or (_mutant_specs().get(spec) if spec.startswith("mutant:") else None) or spec
-    if ":" not in target_spec:
-        raise ImplementationError(f"--impl: {spec!r} is neither a registered name ({', '.join(registered_names())}) "
-                                  "nor a 'module.path:attr' spec")
-    module_name, _, attr = target_spec.partition(":")
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())  # the user's adapter next to where they run, as `python -m` has it
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as error:  # noqa: BLE001 - any import failure is reported in one line
-        raise ImplementationError(f"--impl {spec}: cannot import module {module_name!r}: "
-                                  f"{type(error).__name__}: {_first_line(error)}") from error
+    module_name, _, attr = _target_spec(spec, given).partition(":")
+    module = _import(module_name, given)
+    if module is None:
+        raise ImplementationError(f"{given}: cannot import module {module_name!r}: no module of that name")
     try:
         target = getattr(module, attr)
     except AttributeError:
-        raise ImplementationError(f"--impl {spec}: module {module_name!r} has no attribute {attr!r}") from None
+        raise ImplementationError(f"{given}: module {module_name!r} has no attribute {attr!r}"
+                                  f"{suggestions.in_module(module, attr)}") from None
     if isinstance(target, type):
         try:
             target = target()
         except Exception as error:  # noqa: BLE001 - e.g. an adapter whose library is not installed
-            raise ImplementationError(f"--impl {spec}: {attr}() failed: {type(error).__name__}: "
+            raise ImplementationError(f"{given}: {attr}() failed: {type(error).__name__}: "
                                       f"{_first_line(error)}") from error
-    return describe(target, spec, require)
+    return describe(target, spec, require, given)
+
+
+def _target_spec(spec: str, given: str) -> str:
+    """The ``module.path:attr`` a SPEC stands for; a name that stands for none raises with what the
+    user may have meant."""
+    if spec in BUILT_IN:
+        return BUILT_IN[spec]
+    if spec.startswith(MUTANT_PREFIX):
+        mutants = _mutant_specs()
+        if spec not in mutants:
+            raise ImplementationError(f"{given}: no mutant of that name{suggestions.close_to(spec, mutants)}")
+        return mutants[spec]
+    if ":" in spec:
+        return spec
+    module_name = spec.removesuffix(".py")  # a file name typed for its module
+    module = _import(module_name, given) if all(part.isidentifier() for part in module_name.split(".")) else None
+    if module is not None:
+        raise ImplementationError(f"{given}: {spec!r} is a module, not an implementation"
+                                  f"{suggestions.in_module(module)}")
+    hint = suggestions.close_to(spec, registered_names()) or "."
+    raise ImplementationError(f"{given}: not a registered name{hint} Registered: "
+                              f"{suggestions.summary(registered_names(), MUTANT_PREFIX)}; or give module.path:attr")
+
+
+def _import(module_name: str, given: str) -> types.ModuleType | None:
+    """The module, or None where no module of that name exists; one that fails to import raises."""
+    try:
+        return importlib.import_module(module_name)
+    except Exception as error:  # noqa: BLE001 - any import failure is reported in one line
+        missing = getattr(error, "name", None) if isinstance(error, ModuleNotFoundError) else None
+        if missing and (module_name == missing or module_name.startswith(missing + ".")):
+            return None
+        raise ImplementationError(f"{given}: cannot import module {module_name!r}: "
+                                  f"{type(error).__name__}: {_first_line(error)}") from error
 
 
 def _first_line(error: BaseException) -> str:
@@ -162,32 +217,54 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else ""
 
 
-def describe(target: Any, spec: str = "<object>", require: tuple[str, ...] = ()) -> Implementation:
-    """Read and check the declarations of an implementation object."""
+def describe(target: Any, spec: str = "<object>", require: tuple[str, ...] = (), given: str | None = None
+             ) -> Implementation:
+    """Read and check the declarations of an implementation object, and the signature of each
+    operation it provides (a method whose signature cannot be read: signature not readable;
+    checked when called, listed in ``unchecked``). Errors start with ``given`` (how the user named
+    it, ``given_as``), else with ``implementation 'SPEC'``."""
+    where = given or f"implementation {spec!r}"
     rounding = getattr(target, "rounding", "single")
     padded_rows = getattr(target, "padded_rows", "rotated")
     checks_inputs = getattr(target, "checks_inputs", False)
     if rounding not in ROUNDING_MODES:
-        raise ImplementationError(f"implementation {spec!r}: rounding must be one of {ROUNDING_MODES}, "
+        raise ImplementationError(f"{where}: rounding must be one of {ROUNDING_MODES}, "
                                   f"got {rounding!r}")
     if padded_rows not in PADDED_ROW_MODES:
-        raise ImplementationError(f"implementation {spec!r}: padded_rows must be one of {PADDED_ROW_MODES}, "
+        raise ImplementationError(f"{where}: padded_rows must be one of {PADDED_ROW_MODES}, "
                                   f"got {padded_rows!r}")
     if not isinstance(checks_inputs, bool):
-        raise ImplementationError(f"implementation {spec!r}: checks_inputs must be a bool, got {checks_inputs!r}")
+        raise ImplementationError(f"{where}: checks_inputs must be a bool, got {checks_inputs!r}")
     try:
         capabilities = from_declaration(getattr(target, "capabilities", None), spec)
     except (TypeError, ValueError) as error:
         raise ImplementationError(str(error)) from error
-    required = tuple(dict.fromkeys((*parse_required(",".join(getattr(target, "required", ()) or ())), *require)))
+    declared = parse_required(",".join(getattr(target, "required", ()) or ()), f"{where}: required")
+    required = tuple(dict.fromkeys((*declared, *require)))
     name = getattr(target, "name", None) or type(target).__name__
     impl = Implementation(spec, name, rounding, padded_rows, checks_inputs, target, capabilities, required,
-                          near_misses(target))
+                          near_misses(target), unreadable_signatures(target, where))
     if not impl.operations:
         hint = "".join(f"; {attr!r} looks like {op!r}" for attr, op in impl.near_misses.items())
-        raise ImplementationError(f"implementation {spec!r} provides none of the operations "
+        raise ImplementationError(f"{where}: provides none of the operations "
                                   f"{', '.join(OPERATIONS)}{hint}")
     return impl
+
+
+def unreadable_signatures(target: Any, where: str) -> tuple[str, ...]:
+    """The operations ``target`` provides whose signature cannot be read; one that does not take
+    the contract's positional arguments raises, naming the method, the parameter and the contract."""
+    unreadable = []
+    for operation in OPERATIONS:
+        method = getattr(target, operation, None)
+        problem = signature_problem(method, operation) if callable(method) else None
+        if problem == UNREADABLE:
+            unreadable.append(operation)
+        elif problem:
+            owner = target.__name__ if isinstance(target, types.ModuleType) else type(target).__name__
+            raise ImplementationError(f"{where}: {owner}.{operation}{problem}; "
+                                      f"the contract calls {contract_signature(operation)}")
+    return tuple(unreadable)
 
 
 def near_misses(target: Any) -> dict[str, str]:
