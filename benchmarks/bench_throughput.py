@@ -13,7 +13,7 @@
 
 2. ``mla``: the cost of the fused MLA op at T=64, H=16, L=512, R=64, bf16, fp8 cache on a
    CPU: the interpreted kernel, the fast path and the float64 reference, each against
-   ``eager_fused_mla`` (``mla_fuse_conformance.bench``: the same work as plain vectorized
+   ``eager_fused_mla`` (``benchmarks/bench_ops.py``: the same work as plain vectorized
    torch; bitwise equal to the kernel on these inputs, checked here before timing), and the
    floor the interpreter cannot go under: its element-by-element loads and stores of the
    elements the op must move, timed alone.
@@ -181,7 +181,7 @@ def interpreter_memory_floor(repeats: int, clock) -> float | None:
         from triton._C.libtriton import interpreter
     except ImportError:
         return None
-    from mla_fuse_conformance.bench import fastest_interleaved
+    from bench_ops import fastest_interleaved  # beside this script
 
     loads, stores = elements_moved(**MLA_SHAPE)
     scratch = torch.zeros(max(loads, stores), dtype=torch.bfloat16)
@@ -211,7 +211,7 @@ CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 def measure_mla(repeats: int) -> dict:
     """{clock: {what: seconds per call}} for the wall clock and this process's CPU time."""
-    from mla_fuse_conformance.bench import fastest_interleaved
+    from bench_ops import fastest_interleaved  # beside this script
 
     check_same_work()
     result = {}
