@@ -38,7 +38,7 @@ import torch
 import mla_fuse.compile as mc
 from mla_fuse.layers import set_forward_context
 from mla_fuse_conformance.cases.engine_caches import ENGINE_LAYOUTS, allocated_bytes, build_caches
-from mla_fuse_conformance.cases.pass_models import MlaGeometry, ModelSpec, build_model, counting_kernel_calls, make_step
+from mla_fuse_conformance.compile_passes.models import MlaGeometry, ModelSpec, build_model, counting_kernel_calls, make_step
 
 MODEL = ModelSpec(("mla",) * 3, ("plain",) * 3, hidden=256, rope="deepseek_native",
                   mla=MlaGeometry(heads=8, nope=32, rope_dim=32, latent=128, v_dim=32))
@@ -48,7 +48,7 @@ BLOCK_SIZE = 16
 def _design(name: str):
     if name == "fetched":
         return contextlib.nullcontext()
-    from mla_fuse_conformance.mutants.passes import PASS_MUTANTS
+    from mla_fuse_conformance.compile_passes.mutants import PASS_MUTANTS
     return PASS_MUTANTS["caches_enter_the_graph"].active()
 
 

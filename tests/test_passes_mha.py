@@ -9,7 +9,7 @@ import mla_fuse.compile as mc
 from mla_fuse.layers import LayerKVCache, MHAAttention, RotaryEmbedding, set_forward_context
 from mla_fuse.layers.mha import heads
 from mla_fuse.layers.unified_ops import fused_rope_and_unified_kv_cache_update
-from mla_fuse_conformance.cases.pass_models import (
+from mla_fuse_conformance.compile_passes.models import (
     FUSED_MHA, ROTARY, UNIFIED_MHA, assert_same_results, compile_light, count_calls, count_slice_scatters,
     counting_kernel_calls, final_graph, mha_model, native_rope_nodes, run, same_weights, toy_caches, toy_step,
 )
@@ -84,7 +84,7 @@ def test_o0_runs_no_pass():
 def test_vllm_style_three_argument_update_fuses():
     """A layer written against vLLM's ``unified_kv_cache_update(key, value, layer_name)``: the format
     comes from the forward context at run time; the pass fuses it when every format is fusable."""
-    from mla_fuse_conformance.cases import pass_models
+    from mla_fuse_conformance.compile_passes import models as pass_models
 
     class VllmStyle(pass_models.PreRotationReaderMHA):
         def update_and_attend(self, q, k, v):

@@ -14,7 +14,7 @@ import torch
 import mla_fuse.compile as mc
 from mla_fuse.layers import set_forward_context
 from mla_fuse.layers.unified_ops import fused_rope_and_unified_mla_kv_cache_update, unified_mla_kv_cache_update
-from mla_fuse_conformance.cases.pass_models import (
+from mla_fuse_conformance.compile_passes.models import (
     FUSED_MLA, ROPE_FORMS, ROTARY, SENTINEL, UNIFIED_MLA, assert_same_results, compile_light, count_calls,
     count_slice_scatters, counting_kernel_calls, final_graph, layer_of, mla_model, native_rope_nodes, run,
     same_weights, toy_caches, toy_step,
