@@ -134,6 +134,28 @@ def test_strategies_reach_every_contract_case(kind):
     assert not REQUIRED[kind] - seen, f"never generated in {STRATEGY_EXAMPLES} {kind} cases: {REQUIRED[kind] - seen}"
 
 
+@pytest.mark.parametrize("table", ["oracle.EXPECT", "corruptions.CORRUPTIONS", "strategies.BASE_CASES"])
+def test_each_table_by_operation_covers_exactly_the_operations(table):
+    """A table keyed by operation is written out by hand: it must name each operation once."""
+    from mla_fuse_conformance.cases import corruptions
+    from mla_fuse_conformance.declarations.operations import OPERATIONS
+
+    module, _, name = table.partition(".")
+    keys = getattr({"oracle": oracle, "corruptions": corruptions, "strategies": strategies}[module], name)
+    assert sorted(keys) == sorted(OPERATIONS), f"{table} keys {sorted(keys)} != OPERATIONS"
+
+
+def test_each_kernel_mutant_class_is_reachable_by_its_spec():
+    from mla_fuse_conformance.contract.implementation import _mutant_specs
+    from mla_fuse_conformance.mutants import kernels
+
+    for spec in _mutant_specs().values():
+        module, _, attribute = spec.partition(":")
+        assert getattr(kernels, attribute).name == f"mutant:{attribute.removeprefix('Mutant_')}"
+    with pytest.raises(AttributeError, match="Mutant_no_such_bug"):
+        kernels.Mutant_no_such_bug  # noqa: B018
+
+
 def test_every_property_runs_the_edge_cases():
     """T = 0 and T = 1 run in every profile, as explicit examples (not left to chance)."""
     for name, prop in harness.all_properties().items():
