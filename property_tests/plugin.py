@@ -161,13 +161,13 @@ def pytest_report_collectionfinish(config, items):
         return None
     from hypothesis import settings
 
-    from mla_fuse_conformance.cases import strategies
+    from mla_fuse_conformance.cases import sizes
     from mla_fuse_conformance.contract.implementation import resolve_spec
     from mla_fuse_conformance.running.devices import select_device
 
     return (f"mla_fuse: implementation {resolve_spec(config.getoption('mla_fuse_impl'))}, hypothesis profile "
             f"{settings.get_current_profile_name()!r}, sizes "
-            f"{'large' if strategies.limits() is strategies.LARGE else 'small'}, device {select_device()}")
+            f"{'large' if sizes.limits() is sizes.LARGE else 'small'}, device {select_device()}")
 
 
 # ---------------------------------------------------------------- fixtures and failure files of the suite
