@@ -251,7 +251,7 @@ def pytest_runtest_call(item):
         from mla_fuse_conformance.settings.database import key_by_suite_node_id
 
         marks = [mark for mark in item.iter_markers("mla_fuse")]
-        # one example-database key per property, the key HypoFuzz uses (and the key before 0.2)
+        # one example-database key per property, the key HypoFuzz uses (and its key in the wrapper layout)
         key_by_suite_node_id(item, bool(marks[0].kwargs.get("bad_input")) if marks and marks[0].args else None)
 
 

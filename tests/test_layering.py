@@ -304,13 +304,13 @@ def test_the_compile_pass_check_sees_a_stray_module():
         "mutants/passes.py belongs in compile_passes/"]
 
 
-# ---------------------------------------------------------------- module-level state (STYLE.md item 12)
+# ---------------------------------------------------------------- module-level state (docs/STYLE.md item 12)
 
 MUTATING_METHODS = {"append", "extend", "insert", "remove", "pop", "popitem", "clear", "update", "setdefault", "add",
                     "discard", "__setitem__"}
 CONTAINER_CALLS = {"dict", "list", "set", "defaultdict", "OrderedDict", "Counter", "deque"}
-# Module-level state that still exists: (module, name) -> what it holds. STYLE.md item 12: state lives
-# in pytest's config.stash or in objects passed around. Remove an entry when its state goes.
+
+
 def _module_level_names(tree: ast.Module) -> dict[str, ast.AST]:
     names = {}
     for node in tree.body:
@@ -391,7 +391,7 @@ def module_state(modules: dict[str, pathlib.Path]) -> set[tuple[str, str]]:
 
 
 def test_no_module_state():
-    """Run state lives in pytest's config.stash or in objects passed along (STYLE 12)."""
+    """Run state lives in pytest's config.stash or in objects passed along (docs/STYLE.md item 12)."""
     found = module_state(suite_modules())
     assert not found, f"module-level state {sorted(found)}: keep it in config.stash or an object passed around"
 

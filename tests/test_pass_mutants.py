@@ -1,4 +1,4 @@
-"""Mutation self-test of the compile-pass properties (issue 10).
+"""Mutation self-test of the compile-pass properties.
 
 Every mutant of ``mla_fuse_conformance.compile_passes.mutants`` carries one "Compile passes" bug of
 ``docs/BUGS.md`` (and the copy-free rule). The compile-pass property suite alone

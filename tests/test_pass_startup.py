@@ -1,4 +1,4 @@
-"""What the fusion passes cost at start-up, counted, never timed (issue 19; figures: docs/STARTUP.md).
+"""What the fusion passes cost at start-up, counted, never timed (figures: docs/STARTUP.md).
 
 * Set-up does not grow with depth: the patterns a fusion traces and registers are the same for
   1 and 3 layers of one shape (one per rope form and style, never one per layer name), and every

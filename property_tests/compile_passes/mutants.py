@@ -182,8 +182,9 @@ def _inserting(op):
 
 
 # ------------------------------------------------------------------ the copy-free rule
-# The design before issue 10: the layer reads its cache(s) from the forward context while tracing and
-# hands them to the update (declared as written) and to the attention, so the caches are graph inputs.
+# The design before caches were fetched at run time (docs/PASSES.md): the layer reads its cache(s)
+# from the forward context while tracing and hands them to the update (declared as written) and to
+# the attention, so the caches are graph inputs.
 # When they alias (views of one pool), functionalization rebuilds the updated pool: a copy per step.
 
 

@@ -60,7 +60,7 @@ PLANTED = plant_pass_mutant(planted_pass_mutant())  # $MLA_FUSE_PASS_MUTANT at i
 # Found bugs and the situations each bug class of docs/BUGS.md needs, run first on every profile
 # (light ones first: the mutation self-test stops at the first failure).
 EXPLICIT = [
-    # issue 10 items 1-3: hybrid, native rope, dynamic tokens, one rope module, an interleaved pool, fp8
+    # the serving-engine path: hybrid, native rope, dynamic tokens, one rope module, an interleaved pool, fp8
     CompileCase(ModelSpec(("mla", "mha", "mla"), ("plain",) * 3, rope="native", shared_rope=True,
                           mha=MhaGeometry(heads=2, kv_heads=2, head_size=8, rotary_dim=8)),
                 CacheLayout("interleaved", "flashinfer"), "fp8", tokens=5, second_tokens=3, padded=(4,),
