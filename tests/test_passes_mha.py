@@ -84,9 +84,9 @@ def test_o0_runs_no_pass():
 def test_vllm_style_three_argument_update_fuses():
     """A layer written against vLLM's ``unified_kv_cache_update(key, value, layer_name)``: the format
     comes from the forward context at run time; the pass fuses it when every format is fusable."""
-    from mla_fuse_conformance.compile_passes import models as pass_models
+    from mla_fuse_conformance.compile_passes.layers import PreRotationReaderMHA
 
-    class VllmStyle(pass_models.PreRotationReaderMHA):
+    class VllmStyle(PreRotationReaderMHA):
         def update_and_attend(self, q, k, v):
             dummy = torch.ops.mla_fuse.unified_kv_cache_update(
                 heads(k, self.num_kv_heads, self.head_size), heads(v, self.num_kv_heads, self.head_size),
