@@ -38,9 +38,8 @@ import torch
 import mla_fuse.compile as mc
 from mla_fuse.layers import set_forward_context
 from mla_fuse_conformance.cases.engine_caches import ENGINE_LAYOUTS, allocated_bytes, build_caches
-from mla_fuse_conformance.compile_passes.models import (
-    MlaGeometry, ModelSpec, build_model, counting_kernel_calls, make_step,
-)
+from mla_fuse_conformance.compile_passes.inspection import counting_kernel_calls
+from mla_fuse_conformance.compile_passes.models import build_model, make_step, MlaGeometry, ModelSpec
 
 MODEL = ModelSpec(("mla",) * 3, ("plain",) * 3, hidden=256, rope="deepseek_native",
                   mla=MlaGeometry(heads=8, nope=32, rope_dim=32, latent=128, v_dim=32))

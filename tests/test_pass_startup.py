@@ -25,9 +25,11 @@ from mla_fuse.passes.mla_rope_kvcache_fusion import MLARopeKVCacheFusionPass
 from mla_fuse.passes.fx_utils import call_args
 from mla_fuse.passes.pattern_utils import MatchTraces
 from mla_fuse.passes.rope_kvcache_fusion import RopeKVCacheFusionPass
+from mla_fuse_conformance.compile_passes.inspection import (
+    FUSED_OP, PASS_NAME, UNIFIED_OP, assert_same_results, count_calls, final_graph, layer_of,
+)
 from mla_fuse_conformance.compile_passes.models import (
-    FUSED_OP, PASS_NAME, UNIFIED_OP, MhaGeometry, ModelSpec, assert_same_results, build_model, count_calls,
-    final_graph, layer_of, run, same_weights, toy_caches, toy_step,
+    build_model, MhaGeometry, ModelSpec, run, same_weights, toy_caches, toy_step,
 )
 
 FUSION_PASS = {"mla": MLARopeKVCacheFusionPass, "mha": RopeKVCacheFusionPass}

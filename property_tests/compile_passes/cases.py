@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from mla_fuse_conformance.settings import profiles
 from mla_fuse_conformance.cases import types as case_types
 from mla_fuse_conformance.cases.engine_caches import CacheLayout
-from mla_fuse_conformance.compile_passes.models import ROPE_FORMS, SITUATIONS, MhaGeometry, MlaGeometry, ModelSpec
+from mla_fuse_conformance.compile_passes.layers import ROPE_FORMS, SITUATIONS
+from mla_fuse_conformance.compile_passes.models import MhaGeometry, MlaGeometry, ModelSpec
 from mla_fuse_conformance.cases.sizes import weighted
 
 ALL_KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2")

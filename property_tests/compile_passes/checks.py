@@ -14,10 +14,10 @@ import torch
 import mla_fuse.compile as mc
 from mla_fuse_conformance.cases.engine_caches import EngineCaches, allocated_bytes, build_caches, pools_bitwise_equal
 from mla_fuse_conformance.compile_passes.cases import CompileCase, describe
-from mla_fuse_conformance.compile_passes.models import (
-    ATTENTION, CACHE_KERNEL, FUSED_KERNEL, PASS_NAME, Step, build_model, counting_kernel_calls, make_step,
-    result_differences, run, same_weights,
+from mla_fuse_conformance.compile_passes.inspection import (
+    ATTENTION, CACHE_KERNEL, FUSED_KERNEL, PASS_NAME, counting_kernel_calls, result_differences,
 )
+from mla_fuse_conformance.compile_passes.models import build_model, make_step, run, same_weights, Step
 from mla_fuse_conformance.compile_passes.opcheck import check_update_ops
 from mla_fuse_conformance.contract.implementation import pass_mutants
 from mla_fuse_conformance.running.events import event as harness_event

@@ -28,7 +28,7 @@ from mla_fuse.passes import (
     rope_kvcache_fusion, scatter_split_replace,
 )
 from mla_fuse.passes.fx_utils import call_args, is_op
-from mla_fuse_conformance.compile_passes.models import inverse_rope
+from mla_fuse_conformance.compile_passes.layers import inverse_rope
 
 aten = torch.ops.aten
 
