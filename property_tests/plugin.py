@@ -25,9 +25,10 @@ When the suite is in use it
 * turns a crashed xdist worker into a failure file: the example it was running is saved before it
   runs (``recording.inflight_path``), so it is attributed to its property and feature cell and
   replays with ``python -m mla_fuse_conformance repro``;
-* provides the suite's fixtures, ``mla_fuse_impl`` (the implementation under test; the properties
-  draw within its declared capabilities) and ``mla_fuse_device``, and writes the failure file of a
-  failing property (the hooks act only on examples the suite ran).
+* provides the suite's fixtures, ``mla_fuse`` (the requesting test's ``harness.PropertyRun``),
+  ``mla_fuse_impl`` (the implementation under test; the properties draw within its declared
+  capabilities) and ``mla_fuse_device``, and writes the failure file of a failing property (the
+  hooks act only on examples the suite ran).
 
 The suite has no conftest.py: pytest does not load one from a package outside the rootdir (as
 an installed suite run with ``--pyargs`` from the user's directory is), a plugin always loads.
