@@ -19,9 +19,9 @@ it runs a warm-up step and then reports, for one step:
 * ``step ms``: the median of ``--repeat`` timed steps, on a GPU only (on a CPU the interpreter's
   time says nothing about a kernel).
 
-``--design arguments`` reproduces the design this project had before issue 10: the layer hands
-its cache to the graph as a mutated argument (the copy-free mutant of the pass mutation
-self-test), so functionalization copies aliased caches.
+``--design arguments`` reproduces the design this project had before caches were fetched at run
+time: the layer hands its cache to the graph as a mutated argument (the copy-free mutant of the
+pass mutation self-test), so functionalization copies aliased caches.
 
     python benchmarks/bench_compile.py [--blocks 4096] [--tokens 8] [--design fetched|arguments]
 """
@@ -38,7 +38,8 @@ import torch
 import mla_fuse.compile as mc
 from mla_fuse.layers import set_forward_context
 from mla_fuse_conformance.cases.engine_caches import ENGINE_LAYOUTS, allocated_bytes, build_caches
-from mla_fuse_conformance.cases.pass_models import MlaGeometry, ModelSpec, build_model, counting_kernel_calls, make_step
+from mla_fuse_conformance.compile_passes.inspection import counting_kernel_calls
+from mla_fuse_conformance.compile_passes.models import build_model, make_step, MlaGeometry, ModelSpec
 
 MODEL = ModelSpec(("mla",) * 3, ("plain",) * 3, hidden=256, rope="deepseek_native",
                   mla=MlaGeometry(heads=8, nope=32, rope_dim=32, latent=128, v_dim=32))
@@ -48,7 +49,7 @@ BLOCK_SIZE = 16
 def _design(name: str):
     if name == "fetched":
         return contextlib.nullcontext()
-    from mla_fuse_conformance.mutants.passes import PASS_MUTANTS
+    from mla_fuse_conformance.compile_passes.mutants import PASS_MUTANTS
     return PASS_MUTANTS["caches_enter_the_graph"].active()
 
 

@@ -182,7 +182,7 @@ def measure(kind: str, num_layers: int, level: int, fusion: str, backend: str = 
     records = mc.graph_records(compiled)
     from mla_fuse.passes import pattern_utils
     traces = {"patterns_traced": pattern_utils.traced_pattern_count()}
-    if hasattr(pattern_utils, "MatchTraces"):  # absent before issue 19's re-check memo: measure older commits too
+    if hasattr(pattern_utils, "MatchTraces"):  # absent before the re-check memo (docs/STARTUP.md): measure older commits too
         traces.update(recheck_traces=pattern_utils.MatchTraces.misses, recheck_copies=pattern_utils.MatchTraces.hits)
     return {"total_s": total, "cpu_s": cpu, "step_s": step, "step_cpu_s": step_cpu, **parts, "rest_s": total - parts["passes_s"], "graphs": len(records),
             "cache_hits": mc.cache_hits(compiled), "counts": mc.match_counts(compiled), **traces}

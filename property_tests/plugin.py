@@ -26,9 +26,10 @@ When the suite is in use it
 * turns a crashed xdist worker into a failure file: the example it was running is saved before it
   runs (``recording.inflight_path``), so it is attributed to its property and feature cell and
   replays with ``python -m mla_fuse_conformance repro``;
-* provides the suite's fixtures, ``mla_fuse_impl`` (the implementation under test; the properties
-  draw within its declared capabilities) and ``mla_fuse_device``, and writes the failure file of a
-  failing property (the hooks act only on examples the suite ran).
+* provides the suite's fixtures, ``mla_fuse`` (the requesting test's ``harness.PropertyRun``),
+  ``mla_fuse_impl`` (the implementation under test; the properties draw within its declared
+  capabilities) and ``mla_fuse_device``, and writes the failure file of a failing property (the
+  hooks act only on examples the suite ran).
 
 The suite has no conftest.py: pytest does not load one from a package outside the rootdir (as
 an installed suite run with ``--pyargs`` from the user's directory is), a plugin always loads.
@@ -41,7 +42,6 @@ import importlib.util
 import json
 import os
 import pathlib
-import sys
 
 import pytest
 
@@ -60,44 +60,6 @@ class SuiteState:
     implementation: object = None
     recorder: object = None  # running.recording.Recorder, made when the suite is first used
     properties: dict = dataclasses.field(default_factory=dict)  # test function -> harness.Property
-    test: object = None  # the test function running now
-
-
-class SuiteRun:
-    """The ``mla_fuse`` fixture: the checks of ``harness.PropertyRun`` for the property test
-    running now (session-scoped, so hypothesis' examples share it; it holds no per-example state)."""
-
-    def __init__(self, config, impl, device) -> None:
-        self.config, self.impl, self.device = config, impl, device
-
-    def current(self, caller=None):
-        """The ``PropertyRun`` of the test calling a check: the module-level test whose body is the
-        ``caller`` frame (so HypoFuzz, which moves between tests without pytest's setup hooks, gets
-        the right property), else the test pytest set up last."""
-        from mla_fuse_conformance.running.harness import PropertyRun, property_of
-
-        current = state(self.config)
-        test = None
-        if caller is not None:
-            candidate = caller.f_globals.get(caller.f_code.co_name)
-            if candidate is not None and hasattr(candidate, "pytestmark"):
-                test = candidate
-        test = test or current.test
-        if test not in current.properties:
-            current.properties[test] = property_of(test)
-        return PropertyRun(current.properties[test], self.impl, self.device, current.recorder, skip_missing=True)
-
-    def example(self, case, check, *arguments):
-        return self.current(sys._getframe(1)).example(case, check, *arguments)
-
-    def against_reference(self, case, operation: str):
-        return self.current(sys._getframe(1)).against_reference(case, operation)
-
-    def fused_equals_unfused(self, case, fused: str):
-        return self.current(sys._getframe(1)).fused_equals_unfused(case, fused)
-
-    def rejects_bad_input(self, case):
-        return self.current(sys._getframe(1)).rejects_bad_input(case)
 
 
 _STATE = pytest.StashKey[SuiteState]()
@@ -201,13 +163,13 @@ def pytest_report_collectionfinish(config, items):
         return None
     from hypothesis import settings
 
-    from mla_fuse_conformance.cases import strategies
+    from mla_fuse_conformance.cases import sizes
     from mla_fuse_conformance.contract.implementation import resolve_spec
     from mla_fuse_conformance.running.devices import select_device
 
     return (f"mla_fuse: implementation {resolve_spec(config.getoption('mla_fuse_impl'))}, hypothesis profile "
             f"{settings.get_current_profile_name()!r}, sizes "
-            f"{'large' if strategies.limits() is strategies.LARGE else 'small'}, device {select_device()}")
+            f"{'large' if sizes.limits() is sizes.LARGE else 'small'}, device {select_device()}")
 
 
 # ---------------------------------------------------------------- fixtures and failure files of the suite
@@ -221,11 +183,45 @@ def mla_fuse_impl(request):
     return loaded_implementation(request.config)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def mla_fuse(request, mla_fuse_impl, mla_fuse_device):
-    """What a property test (``@pytest.mark.mla_fuse(...)``) checks with: the implementation, the
-    device and this session's recorder (``SuiteRun``); its methods are the checks."""
-    return SuiteRun(request.config, mla_fuse_impl, mla_fuse_device)
+    """What a property test (``@pytest.mark.mla_fuse(...)``) checks with: the ``harness.PropertyRun`` of
+    the requesting test (its ``Property``, the implementation, the device, this session's recorder);
+    its methods are the checks. One per test; it holds no per-example state, so hypothesis'
+    ``function_scoped_fixture`` health check is suppressed for the tests that use it
+    (``allow_the_property_fixture``)."""
+    from mla_fuse_conformance.running.harness import PropertyRun
+
+    current = state(request.config)
+    return PropertyRun(property_of_test(current, request.function), mla_fuse_impl, mla_fuse_device,
+                       current.recorder, skip_missing=True)
+
+
+def property_of_test(current: SuiteState, test):
+    """The ``harness.Property`` of a property test, made once per session."""
+    if test not in current.properties:
+        from mla_fuse_conformance.running.harness import property_of
+
+        current.properties[test] = property_of(test)
+    return current.properties[test]
+
+
+def allow_the_property_fixture(item) -> None:
+    """Suppress ``HealthCheck.function_scoped_fixture`` for a hypothesis test that takes ``mla_fuse``,
+    on top of the settings it runs with (any profile, ours or the user's, and its own ``@settings``):
+    hypothesis' pytest plugin reads them from the test in ``pytest_runtest_call``, as it does when it
+    suppresses ``differing_executors`` for a parametrized test."""
+    if "mla_fuse" not in getattr(item, "fixturenames", ()):
+        return
+    test = getattr(item.obj, "__func__", item.obj)
+    if not hasattr(test, "hypothesis"):
+        return
+    from hypothesis import HealthCheck, settings
+
+    current = getattr(test, "_hypothesis_internal_use_settings", None) or settings.default
+    if HealthCheck.function_scoped_fixture not in current.suppress_health_check:
+        test._hypothesis_internal_use_settings = settings(current, suppress_health_check=[
+            *current.suppress_health_check, HealthCheck.function_scoped_fixture])
 
 
 @pytest.fixture(scope="session")
@@ -244,11 +240,11 @@ def pytest_fixture_post_finalizer(fixturedef, request):
 
 
 def pytest_runtest_setup(item):
+    allow_the_property_fixture(item)
     current = state(item.config)
     if current.recorder is not None:
         current.recorder.reset()
         current.recorder.nodeid = item.nodeid
-        current.test = getattr(item, "function", None)
 
 
 @pytest.hookimpl(tryfirst=True)  # after hypothesis' own hook wrapper has set its key
@@ -257,7 +253,7 @@ def pytest_runtest_call(item):
         from mla_fuse_conformance.settings.database import key_by_suite_node_id
 
         marks = [mark for mark in item.iter_markers("mla_fuse")]
-        # one example-database key per property, the key HypoFuzz uses (and the key before 0.2)
+        # one example-database key per property, the key HypoFuzz uses (and its key in the wrapper layout)
         key_by_suite_node_id(item, bool(marks[0].kwargs.get("bad_input")) if marks and marks[0].args else None)
 
 

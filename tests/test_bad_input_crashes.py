@@ -1,4 +1,4 @@
-"""Inputs that once killed the process (issue 11): each runs in a child interpreter.
+"""Inputs that once killed the process: each runs in a child interpreter.
 
 An empty cos/sin table (P = 0) or a cache without a slot (0 blocks, or blocks of 0 entries)
 made the kernels read or write outside their buffers: the process died with SIGSEGV

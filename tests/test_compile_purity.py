@@ -16,8 +16,9 @@ from __future__ import annotations
 import pytest
 
 from mla_fuse.passes import pattern_utils
-from mla_fuse_conformance.mutants.passes import PASS_MUTANTS
-from mla_fuse_conformance.properties.test_compile_passes import EXPLICIT, observe_compile_case
+from mla_fuse_conformance.compile_passes.mutants import PASS_MUTANTS
+from mla_fuse_conformance.compile_passes.checks import observe_compile_case
+from mla_fuse_conformance.properties.test_compile_passes import EXPLICIT
 
 LIGHT_HYBRID, LIGHT_READERS, LIGHT_NATIVE_READERS, INDUCTOR_DYNAMIC = EXPLICIT[0], EXPLICIT[1], EXPLICIT[2], EXPLICIT[6]
 
@@ -61,7 +62,7 @@ def test_a_compile_failure_record_holds_the_case_and_names_the_planted_pass_bug(
     from mla_fuse_conformance.cases import types as case_types
     from mla_fuse_conformance.contract.implementation import load_implementation
     from mla_fuse_conformance.running import harness, recording
-    from mla_fuse_conformance.properties import test_compile_passes as passes
+    from mla_fuse_conformance.compile_passes import checks as passes
 
     monkeypatch.setenv(recording.FAILURE_DIR_ENV, str(tmp_path))
     monkeypatch.setenv(passes.PASS_MUTANT_ENV, "swaps_q_and_k_outputs")  # as if planted at import

@@ -1,4 +1,4 @@
-"""Two fuzzing campaigns share a failure through a real Redis server (issue 12, docs/FUZZING.md).
+"""Two fuzzing campaigns share a failure through a real Redis server (docs/FUZZING.md).
 
 The demonstration, as a test: a Redis server (Debian's ``redis-server``, started here on a free
 loopback port, stopped at the end) holds the example database of two ``mla-fuse fuzz``

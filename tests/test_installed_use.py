@@ -1,5 +1,5 @@
 """The suite as a team uses it: a fresh venv, a non-editable install of the wheel, an empty
-directory holding only their adapter modules (issue 9, acceptance).
+directory holding only their adapter modules.
 
 One scenario, in steps: a correct outside adapter passes ``mla-fuse verify`` (exit 0) and the
 plain ``pytest --pyargs mla_fuse_conformance`` run; a buggy one fails (exit 1) and the replay

@@ -1,4 +1,4 @@
-"""Mutation self-test of the property suite (issue 4).
+"""Mutation self-test of the property suite.
 
 Every mutant of ``mla_fuse_conformance.mutants.kernels`` carries one bug from ``docs/BUGS.md``; the
 properties of ``property_tests/`` must catch each of them within the ``ci`` profile

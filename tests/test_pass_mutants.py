@@ -1,8 +1,8 @@
-"""Mutation self-test of the compile-pass properties (issue 10).
+"""Mutation self-test of the compile-pass properties.
 
-Every mutant of ``mla_fuse_conformance.mutants.passes`` carries one "Compile passes" bug of
+Every mutant of ``mla_fuse_conformance.compile_passes.mutants`` carries one "Compile passes" bug of
 ``docs/BUGS.md`` (and the copy-free rule). The compile-pass property suite alone
-(``property_tests/test_compile_passes.py``; no unit test) must catch each within the ``ci``
+(``property_tests/properties/test_compile_passes.py``; no unit test) must catch each within the ``ci``
 profile: its explicit examples, then the derandomized examples CI generates, without
 shrinking. Caught means a property failed with an ``AssertionError`` or with an error type the
 mutant declares (a graph the lint rejects); anything else is a broken mutant. The time and the
@@ -19,8 +19,9 @@ import pytest
 from hypothesis import Verbosity, example, given, settings
 
 from mla_fuse_conformance.settings import profiles
-from mla_fuse_conformance.mutants.passes import PASS_MUTANTS
-from mla_fuse_conformance.properties.test_compile_passes import CI_EXAMPLES, check_compile_case
+from mla_fuse_conformance.compile_passes.mutants import PASS_MUTANTS
+from mla_fuse_conformance.compile_passes.checks import check_compile_case
+from mla_fuse_conformance.properties.test_compile_passes import CI_EXAMPLES
 from mla_fuse_conformance.running.harness import property_named
 
 COMPILE = property_named("test_compile_passes:test_passes_fuse_exactly_where_allowed_bitwise_and_copy_free")

@@ -1,4 +1,4 @@
-"""What the fusion passes cost at start-up, counted, never timed (issue 19; figures: docs/STARTUP.md).
+"""What the fusion passes cost at start-up, counted, never timed (figures: docs/STARTUP.md).
 
 * Set-up does not grow with depth: the patterns a fusion traces and registers are the same for
   1 and 3 layers of one shape (one per rope form and style, never one per layer name), and every
@@ -25,9 +25,11 @@ from mla_fuse.passes.mla_rope_kvcache_fusion import MLARopeKVCacheFusionPass
 from mla_fuse.passes.fx_utils import call_args
 from mla_fuse.passes.pattern_utils import MatchTraces
 from mla_fuse.passes.rope_kvcache_fusion import RopeKVCacheFusionPass
-from mla_fuse_conformance.cases.pass_models import (
-    FUSED_OP, PASS_NAME, UNIFIED_OP, MhaGeometry, ModelSpec, assert_same_results, build_model, count_calls,
-    final_graph, layer_of, run, same_weights, toy_caches, toy_step,
+from mla_fuse_conformance.compile_passes.inspection import (
+    FUSED_OP, PASS_NAME, UNIFIED_OP, assert_same_results, count_calls, final_graph, layer_of,
+)
+from mla_fuse_conformance.compile_passes.models import (
+    build_model, MhaGeometry, ModelSpec, run, same_weights, toy_caches, toy_step,
 )
 
 FUSION_PASS = {"mla": MLARopeKVCacheFusionPass, "mha": RopeKVCacheFusionPass}

@@ -9,10 +9,11 @@ import mla_fuse.compile as mc
 from mla_fuse.layers import LayerKVCache, MHAAttention, RotaryEmbedding, set_forward_context
 from mla_fuse.layers.mha import heads
 from mla_fuse.layers.unified_ops import fused_rope_and_unified_kv_cache_update
-from mla_fuse_conformance.cases.pass_models import (
-    FUSED_MHA, ROTARY, UNIFIED_MHA, assert_same_results, compile_light, count_calls, count_slice_scatters,
-    counting_kernel_calls, final_graph, mha_model, native_rope_nodes, run, same_weights, toy_caches, toy_step,
+from mla_fuse_conformance.compile_passes.inspection import (
+    FUSED_MHA, ROTARY, UNIFIED_MHA, assert_same_results, count_calls, count_slice_scatters, counting_kernel_calls,
+    final_graph, native_rope_nodes,
 )
+from mla_fuse_conformance.compile_passes.models import compile_light, mha_model, run, same_weights, toy_caches, toy_step
 
 
 def _run_pair(form, is_neox, kv_cache_dtype="auto", num_layers=2, rotary_dim=16, situation="plain",
@@ -84,9 +85,9 @@ def test_o0_runs_no_pass():
 def test_vllm_style_three_argument_update_fuses():
     """A layer written against vLLM's ``unified_kv_cache_update(key, value, layer_name)``: the format
     comes from the forward context at run time; the pass fuses it when every format is fusable."""
-    from mla_fuse_conformance.cases import pass_models
+    from mla_fuse_conformance.compile_passes.layers import PreRotationReaderMHA
 
-    class VllmStyle(pass_models.PreRotationReaderMHA):
+    class VllmStyle(PreRotationReaderMHA):
         def update_and_attend(self, q, k, v):
             dummy = torch.ops.mla_fuse.unified_kv_cache_update(
                 heads(k, self.num_kv_heads, self.head_size), heads(v, self.num_kv_heads, self.head_size),

@@ -14,11 +14,13 @@ import torch
 import mla_fuse.compile as mc
 from mla_fuse.layers import set_forward_context
 from mla_fuse.layers.unified_ops import fused_rope_and_unified_mla_kv_cache_update, unified_mla_kv_cache_update
-from mla_fuse_conformance.cases.pass_models import (
-    FUSED_MLA, ROPE_FORMS, ROTARY, SENTINEL, UNIFIED_MLA, assert_same_results, compile_light, count_calls,
-    count_slice_scatters, counting_kernel_calls, final_graph, layer_of, mla_model, native_rope_nodes, run,
-    same_weights, toy_caches, toy_step,
+from mla_fuse_conformance.cases.engine_caches import SENTINEL
+from mla_fuse_conformance.compile_passes.inspection import (
+    FUSED_MLA, ROTARY, UNIFIED_MLA, assert_same_results, count_calls, count_slice_scatters, counting_kernel_calls,
+    final_graph, layer_of, native_rope_nodes,
 )
+from mla_fuse_conformance.compile_passes.layers import ROPE_FORMS
+from mla_fuse_conformance.compile_passes.models import compile_light, mla_model, run, same_weights, toy_caches, toy_step
 
 
 def _eager_reference(model, num_layers, form, is_neox, dtype=torch.bfloat16):

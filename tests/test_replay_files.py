@@ -1,4 +1,4 @@
-"""Failure files written by one hypothesis version replay under any supported one (issue 17, item 2).
+"""Failure files written by one hypothesis version replay under any supported one.
 
 The files under ``tests/data/replay/`` were written by the suite (their ``hypothesis_version``
 says by which hypothesis); ``mla-fuse repro`` rebuilds the case from the file, without hypothesis,

@@ -1,4 +1,4 @@
-"""Our cos/sin tables are Hugging Face transformers' own, bit for bit (issue 11; docs/INPUTS.md "Tables").
+"""Our cos/sin tables are Hugging Face transformers' own, bit for bit (docs/INPUTS.md "Tables").
 
 transformers builds the DeepSeek YaRN frequencies in ``modeling_rope_utils._compute_yarn_parameters``
 and the cos/sin in each model's rotary module; vLLM's ``DeepseekScalingRotaryEmbedding`` evaluates

@@ -27,7 +27,8 @@ from mla_fuse_conformance.cases import memory
 from mla_fuse_conformance.judging import oracle
 from mla_fuse_conformance.running import recording
 from mla_fuse_conformance.running import replay as repro
-from mla_fuse_conformance.cases import strategies
+from mla_fuse_conformance.cases import strategies, values
+from mla_fuse_conformance.declarations.dtypes import FLOAT_DTYPES
 from mla_fuse_conformance.cases.types import FlashCase, MlaCase, RopeCase, TableSpec
 from mla_fuse_reference import fp8 as ref_fp8
 from mla_fuse_reference import ops as ref_ops
@@ -70,9 +71,9 @@ def features(case) -> set[str]:
     if fp8:
         if spec.midpoint_fraction:
             found.add("fp8 midpoints")
-        if spec.log2_magnitude - scales[0].log2 > strategies.FP8_LOG2_MAX[case.kv_cache_dtype]:
+        if spec.log2_magnitude - scales[0].log2 > values.FP8_LOG2_MAX[case.kv_cache_dtype]:
             found.add("fp8 saturation")
-        if spec.log2_magnitude - scales[0].log2 < strategies.FP8_LOG2_MAX[case.kv_cache_dtype] - 12:
+        if spec.log2_magnitude - scales[0].log2 < values.FP8_LOG2_MAX[case.kv_cache_dtype] - 12:
             found.add("fp8 underflow")
     if spec.nan_count:
         found.add("NaN inputs")
@@ -102,7 +103,7 @@ def features(case) -> set[str]:
     return found
 
 
-COMMON = {f"dtype {d}" for d in strategies.FLOAT_DTYPES} | {
+COMMON = {f"dtype {d}" for d in FLOAT_DTYPES} | {
     "table plain float32", "table plain input", "table deepseek_yarn float32", "table deepseek_yarn input",
     "positions int32", "positions int64", "positions last_rows", "positions prefill", "neox", "gptj",
     "T past a 16-token block, with a tail", "large positions (P > 2^15)", "strided positions"}  # T=0, 1: EDGES
@@ -132,6 +133,28 @@ def test_strategies_reach_every_contract_case(kind):
 
     collect()
     assert not REQUIRED[kind] - seen, f"never generated in {STRATEGY_EXAMPLES} {kind} cases: {REQUIRED[kind] - seen}"
+
+
+@pytest.mark.parametrize("table", ["oracle.EXPECT", "corruptions.CORRUPTIONS", "strategies.BASE_CASES"])
+def test_each_table_by_operation_covers_exactly_the_operations(table):
+    """A table keyed by operation is written out by hand: it must name each operation once."""
+    from mla_fuse_conformance.cases import corruptions
+    from mla_fuse_conformance.declarations.operations import OPERATIONS
+
+    module, _, name = table.partition(".")
+    keys = getattr({"oracle": oracle, "corruptions": corruptions, "strategies": strategies}[module], name)
+    assert sorted(keys) == sorted(OPERATIONS), f"{table} keys {sorted(keys)} != OPERATIONS"
+
+
+def test_each_kernel_mutant_class_is_reachable_by_its_spec():
+    from mla_fuse_conformance.contract.implementation import _mutant_specs
+    from mla_fuse_conformance.mutants import kernels
+
+    for spec in _mutant_specs().values():
+        module, _, attribute = spec.partition(":")
+        assert getattr(kernels, attribute).name == f"mutant:{attribute.removeprefix('Mutant_')}"
+    with pytest.raises(AttributeError, match="Mutant_no_such_bug"):
+        kernels.Mutant_no_such_bug  # noqa: B018
 
 
 def test_every_property_runs_the_edge_cases():

@@ -127,7 +127,7 @@ def test_rotary_key_heads_and_head_size():
                                           args["cos_sin_cache"], True)
 
 
-# ---------------------------------------------------------------- issue 11: the edges (docs/INPUTS.md)
+# ---------------------------------------------------------------- the edges of the inputs (docs/INPUTS.md)
 # Every call below goes through the public wrapper (ops.*) or the custom op compiled graphs call
 # (torch.ops.mla_fuse.*). Written buffers are views into a parent filled with a sentinel, so
 # "nothing written" is a bitwise comparison of the parent.

@@ -6,7 +6,7 @@ registered yet, under a fake mode with example shapes taken from the update node
 name is not part of a pattern: it is the pattern function's last argument, traced as a
 sentinel string and turned into a wildcard (``KeywordArg("layer_name")``) in the traced
 pattern, so the match binds the layer's own name and hands it to the replacement. A model of
-61 layers of one shape registers what a model of 1 layer registers (issue 19; vLLM registers
+61 layers of one shape registers what a model of 1 layer registers (docs/STARTUP.md; vLLM registers
 one pattern per layer name, and so did this project: set-up grew with depth, and every layer's
 pattern was tried against every layer's rope nodes, so matching grew with its square).
 

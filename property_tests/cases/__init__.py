@@ -1,1 +1,1 @@
-"""Case generation: the case types, their features, the hypothesis strategies that draw them, the tensors built from a case (views into sentinel-filled memory), bad-input corruptions, engine cache layouts and the compile-path model cases."""
+"""Case generation: the case types, their feature axes, the hypothesis strategies that draw them (by what they draw: sizes, indices, placements, values, one case per family), the tensors built from a case (views into sentinel-filled memory), bad-input corruptions, engine cache layouts."""

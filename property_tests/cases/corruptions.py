@@ -22,7 +22,6 @@ from typing import Callable
 
 import torch
 
-from mla_fuse_conformance.declarations.operations import OPERATIONS
 
 
 class NotApplicable(Exception):
@@ -360,7 +359,14 @@ def rope_and_reshape_and_cache_flash_corruptions() -> dict[str, Callable]:
 
 
 # operation -> corruption name -> function; each operation's table is ``<operation>_corruptions()``
-CORRUPTIONS: dict[str, dict[str, Callable]] = {op: globals()[f"{op}_corruptions"]() for op in OPERATIONS}
+# The named bad inputs of each operation (tests/test_suite_checks.py: exactly the OPERATIONS).
+CORRUPTIONS: dict[str, dict[str, Callable]] = {
+    "rotary_embedding": rotary_embedding_corruptions(),
+    "concat_and_cache_mla": concat_and_cache_mla_corruptions(),
+    "concat_and_cache_mla_rope_fused": concat_and_cache_mla_rope_fused_corruptions(),
+    "reshape_and_cache_flash": reshape_and_cache_flash_corruptions(),
+    "rope_and_reshape_and_cache_flash": rope_and_reshape_and_cache_flash_corruptions(),
+}
 
 
 def names(operation: str) -> list[str]:

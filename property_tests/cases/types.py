@@ -1,6 +1,6 @@
 """What a property example is: plain, frozen parameters plus a seed.
 
-A case holds no tensor. ``build.py`` turns a case into tensors, deterministically
+A case holds no tensor. ``tensors.py`` turns a case into tensors, deterministically
 from its ``seed``, so a case is all a failure needs to be replayed: it is what
 hypothesis draws, what ``repr`` shows (valid Python, ready to paste into an
 ``@example``), and what a saved failure file stores (``to_json``/``from_json``).

@@ -111,11 +111,11 @@ class Implementation:
 
 
 MUTANTS_MODULE = "mla_fuse_conformance.mutants.kernels"
-PASS_MUTANTS_MODULE = "mla_fuse_conformance.mutants.passes"
+PASS_MUTANTS_MODULE = "mla_fuse_conformance.compile_passes.mutants"
 
 
 def pass_mutants() -> dict:
-    """The compile-pass mutants by name (``mutants.passes.PASS_MUTANTS``), loaded by name like the
+    """The compile-pass mutants by name (``compile_passes.mutants.PASS_MUTANTS``), loaded by name like the
     kernel mutants (only when one is planted)."""
     return importlib.import_module(PASS_MUTANTS_MODULE).PASS_MUTANTS
 

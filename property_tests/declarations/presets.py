@@ -6,7 +6,7 @@ tensor parallelism does (query heads split, KV heads split until one is left per
 replicated; MLA's latent cache is not split). ``SERVING`` holds what engines feed the kernels:
 decode batches, prefill chunks and the block sizes they use. ``largest(field)`` is the largest
 value of a field over every preset at TP 1: the boundary examples (``cases/boundaries.py``) cross
-every power of two from 16 up to it, and the ``gpu`` profile's limits (``cases/strategies.py``)
+every power of two from 16 up to it, and the ``gpu`` profile's limits (``cases/sizes.py``)
 reach it. The start-up benchmark (``benchmarks/bench_startup.py``) takes its depths from here.
 
 A leaf module: it imports nothing of the suite.

@@ -34,7 +34,16 @@ def _mutant_class(bug: str) -> type:
 
 
 MUTANTS: dict[str, type] = {bug: _mutant_class(bug) for bug in BUG_CLASSES}
-globals().update({cls.__name__: cls for cls in MUTANTS.values()})
+CLASSES: dict[str, type] = {cls.__name__: cls for cls in MUTANTS.values()}
+
+
+def __getattr__(name: str) -> type:
+    """``Mutant_<bug>``: the class a spec ``mla_fuse_conformance.mutants.kernels:Mutant_<bug>`` names
+    (``contract/implementation.py``), also for pickle and ``from ... import *``."""
+    try:
+        return CLASSES[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
 
 
 __all__ = ["APPROXIMATED", "BUG_CLASSES", "DECLARATIONS", "EagerImplementation", "HONEST", "MUTANTS",

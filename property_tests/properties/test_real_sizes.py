@@ -5,7 +5,7 @@ largest size a model preset or serving engine uses in each dimension (tokens als
 65,535-row grid limit, table rows and positions past 2^15 and 2^16), every other size minimal:
 a tile without a loop, a capped grid or a narrow index type fails here on the CPU too. Under
 ``mla_fuse.gpu`` and ``mla_fuse.nightly`` the other properties also draw the presets' sizes as
-ordinary cases (``strategies.LARGE``).
+ordinary cases (``cases.sizes.LARGE``).
 """
 
 import pytest

@@ -4,7 +4,7 @@
                       example database and replayed first on the next run.
 ``mla_fuse.ci``       the default under ``CI=true``: derandomized (the same examples every run, so a
                       red CI run reproduces locally), bounded, no database.
-``mla_fuse.gpu``      random, more and larger cases (``strategies.LARGE``), for a machine with a GPU.
+``mla_fuse.gpu``      random, more and larger cases (``cases.sizes.LARGE``), for a machine with a GPU.
 ``mla_fuse.nightly``  random, many examples, database kept (export it to share found failures);
                       what ``mla-fuse fuzz`` runs HypoFuzz under.
 ``mla_fuse.replay``   only the examples stored in the database (phase ``reuse``): nothing is

@@ -16,7 +16,7 @@ from torch import fx
 
 from mla_fuse.layers import set_forward_context
 from mla_fuse_conformance.cases.engine_caches import EngineCaches
-from mla_fuse_conformance.cases.pass_models import Step
+from mla_fuse_conformance.compile_passes.models import Step
 
 UPDATE_OP_SUFFIX = "kv_cache_update"
 TESTS = ("test_schema", "test_faketensor")

@@ -28,7 +28,7 @@ from mla_fuse.passes import (
     rope_kvcache_fusion, scatter_split_replace,
 )
 from mla_fuse.passes.fx_utils import call_args, is_op
-from mla_fuse_conformance.cases.pass_models import inverse_rope
+from mla_fuse_conformance.compile_passes.layers import inverse_rope
 
 aten = torch.ops.aten
 
@@ -182,8 +182,9 @@ def _inserting(op):
 
 
 # ------------------------------------------------------------------ the copy-free rule
-# The design before issue 10: the layer reads its cache(s) from the forward context while tracing and
-# hands them to the update (declared as written) and to the attention, so the caches are graph inputs.
+# The design before caches were fetched at run time (docs/PASSES.md): the layer reads its cache(s)
+# from the forward context while tracing and hands them to the update (declared as written) and to
+# the attention, so the caches are graph inputs.
 # When they alias (views of one pool), functionalization rebuilds the updated pool: a copy per step.
 
 

@@ -1,6 +1,6 @@
 """Cases of the compile-pass properties and the strategies that draw them.
 
-A ``CompileCase`` is a toy model (``pass_models.ModelSpec``: MLA, MHA or hybrid stacks of 1-3
+A ``CompileCase`` is a toy model (``models.ModelSpec``: MLA, MHA or hybrid stacks of 1-3
 layers, each layer in a situation), the engine cache layout (``engine_caches.CacheLayout``),
 the cache format, a step, how it is compiled (backend, dynamic token count, the fusion
 configuration) and a seed. ``expected_fused`` says, from CONTRACT §6 alone, which layers the
@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 from mla_fuse_conformance.settings import profiles
 from mla_fuse_conformance.cases import types as case_types
 from mla_fuse_conformance.cases.engine_caches import CacheLayout
-from mla_fuse_conformance.cases.pass_models import ROPE_FORMS, SITUATIONS, MhaGeometry, MlaGeometry, ModelSpec
-from mla_fuse_conformance.cases.strategies import weighted
+from mla_fuse_conformance.compile_passes.layers import ROPE_FORMS, SITUATIONS
+from mla_fuse_conformance.compile_passes.models import MhaGeometry, MlaGeometry, ModelSpec
+from mla_fuse_conformance.cases.sizes import weighted
 
 ALL_KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e5m2", "fp8_e4m3")

@@ -1,20 +1,19 @@
 """The compile-path model kit: toy models built from the public layers, the situations a
-fusion pass must recognise, steps, and the checks shared by the compile-pass properties,
+fusion pass must recognise and steps, shared by the compile-pass property,
 the pass unit tests, the pass mutation self-test and ``benchmarks/bench_compile.py``.
 
 Sizes stay small: the kernels run through Triton's interpreter on CPU.
 
 A model is described by a ``ModelSpec``: per layer its kind (``mla``/``mha``, so stacks may
-be hybrid) and its *situation* (``pass_layers``: ``plain``, ``pre_rotation_reader``,
+be hybrid) and its *situation* (``layers``: ``plain``, ``pre_rotation_reader``,
 ``second_reader``, ``unsupported_rope``).
 
 ``shared_rope`` gives every layer of a kind the same rotary module (vLLM's ``get_rope``
 caches one instance): the layers' ropes then read one cos/sin table with the same positions,
 and a pattern could bind one layer's q to another layer's rope chain.
 
-The kit is three modules, by what they hold: the layers and their ropes (``pass_layers``), the
-models, steps and runs (this module), what is checked of them (``pass_checks``). Users of the kit
-import from this module, which imports the names they use from the other two.
+The kit is three modules, by what they hold: the layers and their ropes (``layers``), the
+models, steps and runs (this module), what is inspected and compared of them (``inspection``).
 """
 
 from __future__ import annotations
@@ -26,18 +25,8 @@ from torch import nn
 
 import mla_fuse.compile as mc
 from mla_fuse.layers import LayerKVCache, RotaryEmbedding, set_forward_context
-from mla_fuse_conformance.cases.engine_caches import (  # noqa: F401  (SENTINEL: for the tests)
-    SENTINEL, CacheLayout, EngineCaches, MhaCacheSpec, MlaCacheSpec, build_caches,
-)
-# The names the properties, tests, mutants and benchmark import from the kit (this module):
-from mla_fuse_conformance.cases.pass_checks import (  # noqa: F401
-    ATTENTION, CACHE_KERNEL, FUSED_KERNEL, FUSED_MHA, FUSED_MLA, FUSED_OP, PASS_NAME, ROTARY, UNIFIED_MHA, UNIFIED_MLA,
-    UNIFIED_OP, assert_same_results, count_calls, count_slice_scatters, counting_kernel_calls, final_graph, layer_of,
-    native_rope_nodes, result_differences,
-)
-from mla_fuse_conformance.cases.pass_layers import (  # noqa: F401
-    LAYER_CLASSES, POSITIONS, ROPE_FORMS, SITUATIONS, InverseRope, PreRotationReaderMHA, inverse_rope, make_rope,
-)
+from mla_fuse_conformance.cases.engine_caches import CacheLayout, EngineCaches, MhaCacheSpec, MlaCacheSpec, build_caches
+from mla_fuse_conformance.compile_passes.layers import LAYER_CLASSES, POSITIONS, InverseRope, make_rope
 
 
 # ------------------------------------------------------------------ models
