@@ -37,9 +37,9 @@ def pytest_replay_command(nodeid: str, options) -> str:
     test = nodeid.partition("::")[2].partition("[")[0]
     directory = not database.is_redis_url(options.db)
     db = str(pathlib.Path(options.db).absolute()) if options.db and directory else database.shown(options.db)
-    return (f"{database.DATABASE_ENV_VAR}={shlex.quote(db)} {recording.python_with(recording.import_path(options.spec))} "
-            f"-m pytest --pyargs mla_fuse_conformance --mla-fuse-impl={shlex.quote(options.spec)} "
-            f"-k {shlex.quote(test)} --hypothesis-profile={profiles.full_name('replay')}")
+    python = recording.python_with(recording.import_path(options.spec))
+    return (f"{database.DATABASE_ENV_VAR}={shlex.quote(db)} {python} -m pytest --pyargs mla_fuse_conformance "
+            f"--mla-fuse-impl={shlex.quote(options.spec)} -k {shlex.quote(test)} --hypothesis-profile={profiles.full_name('replay')}")
 
 
 def describe_failures(summaries: dict[str, PropertySummary], options) -> list[str]:
