@@ -4,7 +4,9 @@ Failures. The last failing example of a property (hypothesis replays the shrunk 
 kept here; the suite's pytest plugin writes it to ``$MLA_FUSE_FAILURE_DIR`` (default
 ``.mla_fuse_failures/`` under the current directory) as a small JSON file: property,
 implementation, device, the case with its seed, its feature values and how it failed (a wrong
-result, what the kernel raised, or a crash). ``mla-fuse repro FILE`` replays it without hypothesis.
+result, what the kernel raised, or a crash) and the directories an outside adapter imports from
+(``import_path``). ``mla-fuse repro FILE`` replays it without hypothesis, from any directory; every
+command printed for it (``replay_command``, ``pytest_command``) runs as printed from any directory.
 
 In-flight examples. Before an example runs it is written to ``inflight_path()``; a process that
 dies (segfault, device error) leaves it there, and the plugin turns it into a failure file. When
