@@ -33,6 +33,9 @@ example database that other runners share, for M minutes; then replay files and 
    inputs each worker first failed (1: it replayed a stored failure first), the failures with
    their replay files. Written to ``DIR/summary.json`` (default ``.mla_fuse_reports/fuzz``).
 
+The header names the hypothesis the campaign runs with and the ``fuzz`` extra's hold on it
+(``hypothesis_line``): installing the extra moves an environment's hypothesis back.
+
 Every worker fuzzes until the end: a worker that ends before it is stopped, other than by
 every property failing, died, and is reported with the end of its log (each worker keeps its
 log, ``DIR/worker-i.log``) as the campaign's failure to run.
