@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 import time
+import warnings
 import zipfile
 
 import pytest
@@ -28,6 +29,7 @@ import mla_fuse_conformance.properties.test_mla as mla_properties
 from mla_fuse_conformance.commands import cli
 from mla_fuse_conformance.settings import database
 from mla_fuse_conformance.commands import fuzz
+from mla_fuse_conformance.commands import fuzz_report
 from mla_fuse_conformance.settings import profiles
 from mla_fuse_conformance.running import recording
 
@@ -286,6 +288,58 @@ def test_the_summary_file_says_what_failed(tmp_path, capsys):
     assert re.search(r"replay exactly: \S+ -m mla_fuse_conformance repro", printed) and "verdict: FAIL (exit status 1)" in printed
 
 
+def test_the_summarys_pytest_line_runs_from_any_directory(tmp_path, monkeypatch):
+    """The line once began with a bare ``python`` (not the venv's in the team's shell: "unrecognized
+    arguments: --mla-fuse-impl") and named the database and the adapter relative to the run's directory."""
+    team = tmp_path / "team"
+    team.mkdir()
+    (team / "team_adapter_for_the_summary.py").write_text("class Kernels:\n    pass\n")
+    monkeypatch.syspath_prepend(str(team))
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    monkeypatch.chdir(team)
+    __import__("team_adapter_for_the_summary")
+
+    class Options:
+        spec, db = "team_adapter_for_the_summary:Kernels", "db"
+
+    line = fuzz_report.pytest_replay_command(NODEID, Options)
+    assert line.startswith(f"{database.DATABASE_ENV_VAR}={team / 'db'} PYTHONPATH={team} "
+                           f"{recording.python_command()} -m pytest --pyargs mla_fuse_conformance "), line
+
+
+def test_a_stopped_worker_ends_quietly(tmp_path):
+    """Workers were stopped with SIGINT: every passing campaign's log ended in a KeyboardInterrupt
+    traceback. A worker ends on ``STOP_SIGNAL`` at once, status 0, with one line."""
+    log = tmp_path / "worker-0.log"
+    waiting = ("import signal, time\nfrom mla_fuse_conformance.commands import fuzz_worker\n"
+               "signal.signal(fuzz_worker.STOP_SIGNAL, fuzz_worker.stop_now)\nprint('ready', flush=True)\n"
+               "time.sleep(60)\n")
+    with open(log, "w") as stream:
+        process = subprocess.Popen([sys.executable, "-c", waiting], stdout=stream, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+    worker = fuzz.Worker(0, None, log, process)
+    deadline = time.monotonic() + 60
+    while "ready" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    fuzz.stop([worker])
+    assert worker.stopped and not worker.died() and process.returncode == 0
+    assert log.read_text() == "ready\nstopped by mla-fuse fuzz\n"
+
+
+def test_the_version_stamped_database_passes_on_change_events_without_a_warning():
+    """HypoFuzz listens for another worker's corpus entries; hypothesis warned "does not support
+    listening for changes" at every worker's start and nothing was heard."""
+    heard = []
+    stamped = database.VersionStampedDatabase(InMemoryExampleDatabase())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        stamped.add_listener(heard.append)
+        stamped.save(b"key", b"value")
+        stamped.remove_listener(heard.append)
+    stamped.save(b"key", b"other")
+    assert heard == [("save", (b"key", b"value"))]  # not the version stamp saved beside it
+
+
 def test_a_failure_that_does_not_replay_is_reported_with_both_outcomes_never_as_fail(tmp_path, capsys):
     class Options:
         spec, db, read_only, minutes = "reference", None, False, 1.0
@@ -418,6 +472,9 @@ def test_a_correct_implementations_two_worker_campaign_passes_and_no_worker_dies
     assert [worker["died"] for worker in summary["workers"]] == [False, False]
     assert all(worker["stopped_by_mla_fuse"] for worker in summary["workers"])
     assert all((out / f"worker-{i}.log").stat().st_size > 0 for i in range(2))
+    for log in (out / f"worker-{i}.log" for i in range(2)):  # a passing campaign's logs: no traceback, no warning
+        text = log.read_text()
+        assert "Traceback" not in text and "Warning" not in text and text.endswith("stopped by mla-fuse fuzz\n"), text
     assert sum(prop["inputs"] for prop in summary["properties"].values()) > 0
 
 

@@ -3,14 +3,17 @@ directory holding only their adapter modules.
 
 One scenario, in steps: a correct outside adapter passes ``mla-fuse verify`` (exit 0) and the
 plain ``pytest --pyargs mla_fuse_conformance`` run; a buggy one fails (exit 1) and the replay
-command it printed, run from the same directory, reproduces the failure (exit 1); a misspelled
-operation with ``--require`` fails; an adapter that does not import fails in one line (exit 2).
+command it printed, run as printed from another directory, reproduces the failure (exit 1); a
+misspelled operation with ``--require`` fails; an adapter that does not import fails in one line
+(exit 2). Then the team's first campaign, from a venv of its own with the ``fuzz`` extra: it passes
+quietly on the correct adapter, and the lines it prints for the buggy one run from elsewhere.
 Building the venv costs about two minutes; it is built once per session (a file lock keeps
 xdist workers from building it twice).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import re
@@ -83,6 +86,24 @@ def installed(tmp_path_factory, worker_id):
     return venv / "bin"
 
 
+@pytest.fixture(scope="session")
+def campaign_venv(installed, tmp_path_factory, worker_id):
+    """``bin/`` of the venv a team keeps for campaigns: the gate's venv plus the fuzz extra, which holds
+    hypothesis back (docs/FUZZING.md). A copy of the gate's venv in hard links (pip replaces files,
+    it never writes into one, so the gate's venv is left as it was), then ``pip install WHEEL[fuzz]``."""
+    shared = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
+    venv = shared / "campaign-venv"
+    with FileLock(str(shared / "campaign-venv.lock")):
+        if not (venv / "ready").exists():
+            subprocess.run(["cp", "-al", str(installed.parent), str(venv)], check=True, timeout=600)
+            (venv / "ready").unlink()
+            wheel = next((shared / "wheels").glob("mla_fuse-*.whl"))
+            subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", f"{wheel}[fuzz]"],
+                           check=True, timeout=1200)
+            (venv / "ready").touch()
+    return venv / "bin"
+
+
 @pytest.fixture
 def team_dir(tmp_path):
     for name, text in ADAPTERS.items():
@@ -96,7 +117,13 @@ def _run(bin_dir, team_dir, *command, timeout=1200):
     return subprocess.run(command, cwd=team_dir, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def test_a_team_gates_its_kernel_from_its_own_directory(installed, team_dir):
+@pytest.fixture
+def elsewhere(tmp_path_factory):
+    """A directory that is not the team's: printed commands must run from any."""
+    return tmp_path_factory.mktemp("elsewhere")
+
+
+def test_a_team_gates_its_kernel_from_its_own_directory(installed, team_dir, elsewhere):
     site = _run(installed, team_dir, "python", "-c", "import mla_fuse, mla_fuse_conformance, mla_fuse_reference; "
                 "print(mla_fuse.__file__, mla_fuse_conformance.__file__)")
     assert "site-packages" in site.stdout and str(ROOT) not in site.stdout, site  # not the checkout
@@ -111,10 +138,10 @@ def test_a_team_gates_its_kernel_from_its_own_directory(installed, team_dir):
 
     buggy = _run(installed, team_dir, "mla-fuse", "verify", "--impl", "buggy_kernels:Buggy", "-n", "2")
     assert buggy.returncode == 1 and "verdict: FAIL" in buggy.stdout, buggy.stdout[-4000:]
-    found = re.search(r"replay: (python -m mla_fuse_conformance repro \S+)", buggy.stdout)
+    printed = rf"replay: (PYTHONPATH={re.escape(str(team_dir))} python -m mla_fuse_conformance repro /\S+)$"
+    found = re.search(printed, buggy.stdout, re.M)
     assert found, buggy.stdout[-4000:]
-    replay = found.group(1)
-    replayed = _run(installed, team_dir, *replay.split())
+    replayed = _run(installed, elsewhere, "bash", "-c", found.group(1))  # as printed, from another directory
     assert replayed.returncode == 1 and "REPRODUCED" in replayed.stdout, replayed.stdout + replayed.stderr
 
     misspelled = _run(installed, team_dir, "mla-fuse", "verify", "--impl", "misspelled:Kernels", "--require",
@@ -129,27 +156,43 @@ def test_a_team_gates_its_kernel_from_its_own_directory(installed, team_dir):
     assert broken.stderr.strip().count("\n") == 0 and "my_missing_kernel_library" in broken.stderr
 
 
-def _run_not_activated(bin_dir, team_dir, *arguments, timeout=1200):
-    """``<venv>/bin/python ARGS`` with the venv's bin/ not on PATH (a venv that is not activated)."""
+def _not_activated_env(bin_dir) -> dict[str, str]:
+    """The environment of a shell where the venv of ``bin_dir`` is not activated."""
     env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTEST_", "MLA_FUSE_", "PYTHON"))}
     env.update(PATH=os.pathsep.join(entry for entry in env.get("PATH", "").split(os.pathsep)
                                     if entry and pathlib.Path(entry).resolve() != bin_dir.resolve()), CI="true")
-    return subprocess.run([str(bin_dir / "python"), *arguments], cwd=team_dir, env=env, capture_output=True,
+    return env
+
+
+def _run_not_activated(bin_dir, team_dir, *arguments, timeout=1200):
+    """``<venv>/bin/python ARGS`` with the venv's bin/ not on PATH (a venv that is not activated)."""
+    return subprocess.run([str(bin_dir / "python"), *arguments], cwd=team_dir, env=_not_activated_env(bin_dir),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _shell(bin_dir, cwd, line, timeout=600):
+    """A printed command line run as printed (``bash -c LINE``), the venv of ``bin_dir`` not activated."""
+    return subprocess.run(["bash", "-c", line], cwd=cwd, env=_not_activated_env(bin_dir), capture_output=True,
                           text=True, timeout=timeout)
 
 
-def test_the_gate_gives_the_same_verdicts_from_a_venv_that_is_not_activated(installed, team_dir):
-    """Nothing the suite runs or prints depends on the venv's bin/ being on PATH."""
+def test_the_gate_gives_the_same_verdicts_from_a_venv_that_is_not_activated(installed, team_dir, elsewhere):
+    """Nothing the suite runs or prints depends on the venv's bin/ being on PATH; a failure replays
+    from another directory, by the printed line or by its file alone (it records the adapter's directory)."""
     gate = ("-m", "pytest", "--pyargs", "mla_fuse_conformance", "-n", "2", "-p", "no:cacheprovider", "-q",
             "-k", "mla_cache_write_matches_reference")
     good = _run_not_activated(installed, team_dir, *gate, "--mla-fuse-impl=my_kernels:MyKernels")
     assert good.returncode == 0 and " passed" in good.stdout, good.stdout[-4000:] + good.stderr[-2000:]
     buggy = _run_not_activated(installed, team_dir, *gate, "--mla-fuse-impl=buggy_kernels:Buggy")
     assert buggy.returncode == 1 and " failed" in buggy.stdout, buggy.stdout[-4000:]
-    replay = re.search(r"replay exactly: (\S+) -m mla_fuse_conformance repro (\S+)", buggy.stdout)
-    assert replay and pathlib.Path(replay.group(1)) == installed / "python", buggy.stdout[-4000:]
-    replayed = _run_not_activated(installed, team_dir, "-m", "mla_fuse_conformance", "repro", replay.group(2))
+    printed = r"replay exactly: (PYTHONPATH=(\S+) (\S+) -m mla_fuse_conformance repro (\S+))$"
+    replay = re.search(printed, buggy.stdout, re.M)
+    assert replay and pathlib.Path(replay.group(3)) == installed / "python", buggy.stdout[-4000:]
+    assert replay.group(2) == str(team_dir) and pathlib.Path(replay.group(4)).is_absolute(), replay.group(1)
+    replayed = _shell(installed, elsewhere, replay.group(1))
     assert replayed.returncode == 1 and "REPRODUCED" in replayed.stdout, replayed.stdout + replayed.stderr
+    by_file = _run_not_activated(installed, elsewhere, "-m", "mla_fuse_conformance", "repro", replay.group(4))
+    assert by_file.returncode == 1 and "REPRODUCED" in by_file.stdout, by_file.stdout + by_file.stderr
 
 
 TEAM_PROJECT = {
@@ -194,3 +237,53 @@ def test_the_plugin_is_a_guest_in_a_team_project(installed, team_dir):
     both = _run_not_activated(installed, team_dir, "-m", "pytest", "test_team.py", "--impl=theirs", "-p",
                               "no:cacheprovider", "-q", "-k", "not impl_option")
     assert both.returncode == 0, both.stdout[-4000:] + both.stderr[-2000:]
+
+
+def _printed(output: str, label: str) -> str:
+    found = re.search(rf"^\s*{label}: (.+)$", output, re.M)
+    assert found, output[-4000:]
+    return found.group(1)
+
+
+def test_a_campaign_from_the_teams_directory_passes_quietly_and_prints_lines_that_run(campaign_venv, team_dir,
+                                                                                      elsewhere):
+    """``mla-fuse fuzz`` as a team runs it from its own directory with its campaign venv's python (not
+    activated): on the correct adapter a short campaign passes and its worker's log holds no traceback
+    and no warning (it ended on a KeyboardInterrupt traceback and a HypothesisWarning about listening
+    for database changes); on the buggy one the pytest and replay lines it prints run as printed from
+    another directory. The header names the hypothesis the fuzz extra holds it to."""
+    fuzz = ("-m", "mla_fuse_conformance", "fuzz", "--db", "db", "--minutes", "0.25")
+    good = _run_not_activated(campaign_venv, team_dir, *fuzz, "--impl", "my_kernels:MyKernels", "--out", "good")
+    assert good.returncode == 0 and "verdict: PASS" in good.stdout, good.stdout[-4000:] + good.stderr[-2000:]
+    held = r"^hypothesis [\d.]+, held by the fuzz extra to hypothesis<[\d.]+ "
+    assert re.search(held, good.stdout, re.M), good.stdout[:2000]
+    log = (team_dir / "good" / "worker-0.log").read_text()
+    assert "Traceback" not in log and "Warning" not in log and log.rstrip().endswith("stopped by mla-fuse fuzz"), log
+
+    buggy = _run_not_activated(campaign_venv, team_dir, *fuzz, "--impl", "buggy_kernels:Buggy", "--out", "buggy")
+    assert buggy.returncode == 1 and "verdict: FAIL" in buggy.stdout, buggy.stdout[-4000:] + buggy.stderr[-2000:]
+    pytest_line = _printed(buggy.stdout, "or with pytest")
+    assert f"{campaign_venv / 'python'} -m pytest" in pytest_line, pytest_line
+    rerun = _shell(campaign_venv, elsewhere, pytest_line)
+    assert rerun.returncode == 1 and "1 failed" in rerun.stdout, rerun.stdout[-4000:] + rerun.stderr[-2000:]
+    replayed = _shell(campaign_venv, elsewhere, _printed(buggy.stdout, "replay exactly"))
+    assert replayed.returncode == 1 and "REPRODUCED" in replayed.stdout, replayed.stdout + replayed.stderr
+
+
+def test_pip_takes_the_package_from_a_git_url_of_a_clone(installed, tmp_path):
+    """``pip install "mla_fuse[test] @ git+file://localhost/PATH"``, the form of a ``git+https://``
+    URL (pip 23.2, the venv's, refuses ``git+file:///PATH`` there; pip 26 takes both). A dry run in the
+    gate's venv: pip clones the repository, builds the package's metadata from the clone and would
+    install it with its extra; the rest of an install is the wheel's (the fixture's), which a second
+    venv would repeat for about two minutes."""
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, timeout=300)
+    report = tmp_path / "report.json"
+    resolved = subprocess.run([str(installed / "python"), "-m", "pip", "install", "-q", "--dry-run", "--no-deps",
+                               "--force-reinstall", "--report", str(report),
+                               f"mla_fuse[test] @ git+file://localhost{clone}"],
+                              capture_output=True, text=True, timeout=600)
+    assert resolved.returncode == 0, resolved.stdout[-3000:] + resolved.stderr[-3000:]
+    [package] = json.loads(report.read_text())["install"]
+    assert package["metadata"]["name"] == "mla_fuse" and package["requested_extras"] == ["test"], package
+    assert package["download_info"]["vcs_info"]["vcs"] == "git", package["download_info"]

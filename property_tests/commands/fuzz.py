@@ -19,7 +19,8 @@ example database that other runners share, for M minutes; then replay files and 
    property it first replays every failure stored for it, by any worker of any runner, then
    the stored corpus, then generates. ``--read-only`` reads the shared database and writes only
    to the local directory ``.hypothesis/mla_fuse``.
-3. Stop: after M minutes (SIGINT to each worker's process group), or as soon as HypoFuzz's own
+3. Stop: after M minutes (SIGTERM to each worker, which ends at once and quietly, then SIGKILL to
+   what is left of its process group), or as soon as HypoFuzz's own
    stopping rule holds: every property the workers fuzz has failed (a worker sees that only
    after a batch of 100 inputs; this command reads HypoFuzz's reports in the database every
    ``STOP_CHECK_SECONDS`` and stops the workers itself).
@@ -31,6 +32,9 @@ example database that other runners share, for M minutes; then replay files and 
    start): inputs run, behaviours (branches and events) and fingerprints covered, after how many
    inputs each worker first failed (1: it replayed a stored failure first), the failures with
    their replay files. Written to ``DIR/summary.json`` (default ``.mla_fuse_reports/fuzz``).
+
+The header names the hypothesis the campaign runs with and the ``fuzz`` extra's hold on it
+(``hypothesis_line``): installing the extra moves an environment's hypothesis back.
 
 Every worker fuzzes until the end: a worker that ends before it is stopped, other than by
 every property failing, died, and is reported with the end of its log (each worker keeps its
@@ -47,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import json
 import os
 import pathlib
@@ -76,6 +81,7 @@ REPLAY_TIMEOUT_SECONDS = 900
 DEFAULT_OUT = pathlib.Path(".mla_fuse_reports") / "fuzz"
 FUZZ_EXTRA_PACKAGES = ("hypofuzz", "psutil")  # what a campaign imports beyond the test extra (redis: a Redis --db)
 INSTALL_FUZZ_EXTRA = 'pip install "mla_fuse[fuzz]"'
+HYPOTHESIS_HELD_BECAUSE = "hypofuzz 25.11 reads ConjectureResult.slice_comments, which hypothesis 6.157.1 renamed"
 
 
 # ---------------------------------------------------------------- the replay pass
@@ -144,6 +150,21 @@ def missing_fuzz_package() -> str | None:
     return None
 
 
+def hypothesis_line() -> str:
+    """The hypothesis this campaign runs with, and the fuzz extra's hold on it (pyproject.toml, read
+    from the installed metadata): installing the extra moves an environment's hypothesis back."""
+    import hypothesis
+
+    try:
+        requirements = importlib.metadata.requires("mla_fuse") or []
+    except importlib.metadata.PackageNotFoundError:  # a source tree that is not installed
+        requirements = []
+    held = [requirement.partition(";")[0].strip() for requirement in requirements
+            if requirement.startswith("hypothesis") and 'extra == "fuzz"' in requirement]
+    return (f"hypothesis {hypothesis.__version__}, held by the fuzz extra to {' '.join(held) or 'an older release'} "
+            f"({HYPOTHESIS_HELD_BECAUSE}); gate with a newer one from another venv (docs/FUZZING.md)")
+
+
 def check_options(options) -> None:
     """Bad arguments: a ValueError naming the option, before anything starts."""
     from mla_fuse_conformance.contract.implementation import load_implementation
@@ -167,7 +188,7 @@ def run_campaign(options) -> int:
     gpus = cuda_devices()
     devices = worker_devices(options.workers or max(1, len(gpus)), gpus)
     print(f"mla_fuse fuzz: {options.spec} on {len(devices)} worker(s) for {options.minutes} min, database "
-          f"{database.shown(options.db)}{' (read-only)' if options.read_only else ''}", flush=True)
+          f"{database.shown(options.db)}{' (read-only)' if options.read_only else ''}\n{hypothesis_line()}", flush=True)
     db = database.open_database(options.db, options.read_only, "--db")
     started, clock = time.time(), time.monotonic()
     workers = start_workers(options, devices, out_dir)

@@ -31,10 +31,15 @@ def format_table(summaries: dict[str, PropertySummary]) -> str:
 
 
 def pytest_replay_command(nodeid: str, options) -> str:
-    """A developer's run of one property that replays what the database holds for it (and nothing else)."""
+    """A developer's run of one property that replays what the database holds for it (and nothing else),
+    from any directory: this interpreter, the adapter's directory on ``PYTHONPATH``, a database directory
+    by its absolute path (a Redis password is shown as ``***``)."""
     test = nodeid.partition("::")[2].partition("[")[0]
-    return (f"{database.DATABASE_ENV_VAR}={shlex.quote(database.shown(options.db))} python -m pytest --pyargs "
-            f"mla_fuse_conformance --mla-fuse-impl={shlex.quote(options.spec)} -k {shlex.quote(test)} "
+    directory = not database.is_redis_url(options.db)
+    db = str(pathlib.Path(options.db).absolute()) if options.db and directory else database.shown(options.db)
+    python = recording.python_with(recording.import_path(options.spec))
+    return (f"{database.DATABASE_ENV_VAR}={shlex.quote(db)} {python} -m pytest --pyargs mla_fuse_conformance "
+            f"--mla-fuse-impl={shlex.quote(options.spec)} -k {shlex.quote(test)} "
             f"--hypothesis-profile={profiles.full_name('replay')}")
 
 

@@ -16,7 +16,7 @@ import sys
 import time
 
 from mla_fuse_conformance.commands.fuzz_records import CampaignWindow, read_campaign
-from mla_fuse_conformance.commands.fuzz_worker import ALL_FAILED  # what a worker prints when it stops on its own
+from mla_fuse_conformance.commands.fuzz_worker import ALL_FAILED, STOP_SIGNAL  # its line when it ends on its own
 from mla_fuse_conformance.declarations.property_modules import (COMPILE_PASS_MODULES, EXPLICIT_ONLY_MODULES,
                                                                  KERNEL_PROPERTY_MODULES)
 from mla_fuse_conformance.settings import database
@@ -190,11 +190,12 @@ def signal_group(worker: Worker, signum: int) -> None:
 
 
 def stop(workers: list[Worker]) -> None:
-    """SIGINT (HypoFuzz shuts its fuzzing process down), then SIGKILL what is left of each group."""
+    """``STOP_SIGNAL`` to each worker (it ends at once, quietly: ``fuzz_worker.stop_now``), then
+    SIGKILL what is left of its group (its children, a worker stuck in a kernel)."""
     for worker in workers:
         if worker.process.poll() is None:
             worker.stopped = True
-            signal_group(worker, signal.SIGINT)
+            worker.process.send_signal(STOP_SIGNAL)
     deadline = time.monotonic() + STOP_GRACE_SECONDS
     for worker in workers:
         try:

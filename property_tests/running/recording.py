@@ -4,7 +4,9 @@ Failures. The last failing example of a property (hypothesis replays the shrunk 
 kept here; the suite's pytest plugin writes it to ``$MLA_FUSE_FAILURE_DIR`` (default
 ``.mla_fuse_failures/`` under the current directory) as a small JSON file: property,
 implementation, device, the case with its seed, its feature values and how it failed (a wrong
-result, what the kernel raised, or a crash). ``mla-fuse repro FILE`` replays it without hypothesis.
+result, what the kernel raised, or a crash) and the directories an outside adapter imports from
+(``import_path``). ``mla-fuse repro FILE`` replays it without hypothesis, from any directory; every
+command printed for it (``replay_command``, ``pytest_command``) runs as printed from any directory.
 
 In-flight examples. Before an example runs it is written to ``inflight_path()``; a process that
 dies (segfault, device error) leaves it there, and the plugin turns it into a failure file. When
@@ -26,13 +28,16 @@ from __future__ import annotations
 import dataclasses
 import faulthandler
 import hashlib
+import importlib.util
 import json
 import os
 import pathlib
 import re
 import shlex
 import shutil
+import site
 import sys
+import sysconfig
 
 from mla_fuse_conformance.cases import types as case_types
 
@@ -217,18 +222,69 @@ def python_command() -> str:
     return shlex.quote(sys.executable)
 
 
-def replay_command(path: pathlib.Path) -> str:
-    """``mla-fuse repro FILE`` as it runs from the current directory: the file relative to it, and
-    the ``PYTHONPATH`` this run had (absolute), which an outside adapter may need to import."""
-    try:
-        shown = path.resolve().relative_to(pathlib.Path.cwd())
-    except ValueError:
-        shown = path
-    prefix = ""
-    if os.environ.get("PYTHONPATH"):
-        entries = [str(pathlib.Path(entry).absolute()) for entry in os.environ["PYTHONPATH"].split(os.pathsep) if entry]
-        prefix = f"PYTHONPATH={shlex.quote(os.pathsep.join(entries))} "
-    return f"{prefix}{python_command()} -m mla_fuse_conformance repro {shlex.quote(str(shown))}"
+def adapter_directory(spec: str | None) -> str | None:
+    """The directory an outside adapter's module was imported from (the ``sys.path`` entry that
+    holds it), unless installed packages live there: what a command run from another directory
+    needs on ``PYTHONPATH``. None for the registered implementations and the suite's own modules."""
+    from mla_fuse_conformance.contract.implementation import BUILT_IN
+
+    if not spec or spec in BUILT_IN or spec.startswith("mutant:") or ":" not in spec:
+        return None
+    module_name = spec.partition(":")[0]
+    if module_name.partition(".")[0] in ("mla_fuse", "mla_fuse_conformance", "mla_fuse_reference"):
+        return None
+    origin = getattr(sys.modules.get(module_name), "__file__", None)
+    if origin is None:  # not imported by this process: where it would be imported from
+        try:
+            origin = getattr(importlib.util.find_spec(module_name), "origin", None)
+        except (ImportError, ValueError):
+            return None
+    if not origin or not os.path.isfile(origin):
+        return None
+    path = pathlib.Path(origin).absolute()
+    root = path.parents[module_name.count(".") + (path.name == "__init__.py")]
+    return None if root in installed_directories() else str(root)
+
+
+def installed_directories() -> set[pathlib.Path]:
+    """Where this interpreter's installed packages and standard library live."""
+    paths = sysconfig.get_paths()
+    found = [*site.getsitepackages(), site.getusersitepackages(),
+             *(paths[name] for name in ("purelib", "platlib", "stdlib", "platstdlib"))]
+    return {pathlib.Path(each).absolute() for each in found}
+
+
+def import_path(spec: str | None) -> list[str]:
+    """The ``PYTHONPATH`` a printed command carries so that it runs from any directory: the outside
+    adapter's directory (``adapter_directory``), then this run's ``PYTHONPATH``, absolute."""
+    entries = [adapter_directory(spec), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    return list(dict.fromkeys(str(pathlib.Path(entry).absolute()) for entry in entries if entry))
+
+
+def python_with(pythonpath: list[str]) -> str:
+    """``[PYTHONPATH=DIRS ]python``: how a printed command starts (``python_command``)."""
+    prefix = f"PYTHONPATH={shlex.quote(os.pathsep.join(pythonpath))} " if pythonpath else ""
+    return prefix + python_command()
+
+
+def recorded_import_path(record: dict | None) -> list[str]:
+    """The ``PYTHONPATH`` of a failure record (``import_path`` when it was saved; files written before
+    it was recorded: this run's)."""
+    if record is not None and "pythonpath" in record:
+        return record["pythonpath"]
+    return import_path(record.get("impl") if record else None)
+
+
+def replay_command(path: pathlib.Path, record: dict | None = None) -> str:
+    """``mla-fuse repro FILE`` as it runs from any directory: the file's absolute path, after the
+    ``PYTHONPATH`` the file records (``record``, else read from ``path``)."""
+    if record is None:
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            record = None
+    shown = str(pathlib.Path(path).absolute())
+    return f"{python_with(recorded_import_path(record))} -m mla_fuse_conformance repro {shlex.quote(shown)}"
 
 
 def save_failure(failure: dict, nodeid: str, profile: str) -> pathlib.Path:
@@ -242,8 +298,9 @@ def save_failure(failure: dict, nodeid: str, profile: str) -> pathlib.Path:
     directory = failure_dir()
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / name
-    record = dict(failure, nodeid=nodeid, profile=profile, hypothesis_version=hypothesis.__version__)
-    record["replay"] = replay_command(path)
+    record = dict(failure, nodeid=nodeid, profile=profile, hypothesis_version=hypothesis.__version__,
+                  pythonpath=recorded_import_path(failure))  # `mla-fuse repro FILE` imports the adapter from it
+    record["replay"] = replay_command(path, record)
     record["pytest"] = pytest_command(failure, nodeid, profile)
     path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     return path
@@ -253,7 +310,8 @@ def pytest_command(failure: dict, nodeid: str, profile: str) -> str:
     """The property's pytest item, addressed through the installed suite so it runs from anywhere."""
     module, _, function = failure["property"].partition(":")
     item = function + (nodeid.partition("::" + function)[2] if "::" + function in nodeid else "")
-    return (f"{python_command()} -m pytest --pyargs {shlex.quote(f'mla_fuse_conformance.properties.{module}::{item}')} "
+    return (f"{python_with(recorded_import_path(failure))} -m pytest --pyargs "
+            f"{shlex.quote(f'mla_fuse_conformance.properties.{module}::{item}')} "
             f"--mla-fuse-impl={shlex.quote(failure['impl'])} --hypothesis-profile={profile}")
 
 

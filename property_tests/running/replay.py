@@ -5,7 +5,9 @@
 The file (written when a property fails, a worker crashes, or the conformance map finds a
 failing cell) names the property, the implementation, the device and the case; the case's seed
 rebuilds every tensor bit for bit. ``--impl`` replays the same case against another
-implementation (say, ``reference``, to see the case is valid).
+implementation (say, ``reference``, to see the case is valid). The file also records the
+directories an outside adapter is imported from (``pythonpath``: the adapter's own directory and
+the run's ``PYTHONPATH``), so the command replays it from any directory.
 
 The example runs in a child process (``executor.Executor``), so a case that crashes the kernel is
 reported as reproduced instead of taking this command down. Exit status: 0 the case passed,
@@ -45,16 +47,28 @@ def _device(record: dict, device: str | None) -> str:
     return "cpu" if recorded.startswith("cuda") and not torch.cuda.is_available() else recorded
 
 
+def add_import_path(record: dict) -> None:
+    """Put the directories the record names first on ``sys.path``: the adapter imports here and in
+    the executor's children (the fork server starts with this ``sys.path``)."""
+    for entry in reversed(record.get("pythonpath") or []):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+
+
 def replay(record: dict, impl_spec: str | None = None, device: str | None = None) -> int:
     """Replay one failure record; the exit status of the module docstring."""
     if record.get("pass_mutant"):  # a compile-pass failure found with a planted pass bug: plant it again
         os.environ["MLA_FUSE_PASS_MUTANT"] = record["pass_mutant"]  # (test_compile_passes reads it at import)
+    add_import_path(record)
     try:
         prop = property_named(record["property"])
         impl = load_implementation(impl_spec or record["impl"])
         case = case_types.from_jsonable(record["case"])
     except (ImplementationError, KeyError, TypeError, ValueError) as error:
-        print(f"could not run: {error}", file=sys.stderr)
+        hint = ("" if record.get("pythonpath") or "cannot import module" not in str(error) else
+                " (the file names no directory to import it from: run this from the adapter's directory, "
+                "or put that directory on PYTHONPATH)")
+        print(f"could not run: {error}{hint}", file=sys.stderr)
         return COULD_NOT_RUN
     device = _device(record, device)
     if record.get("pass_mutant"):

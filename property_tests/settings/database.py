@@ -198,6 +198,20 @@ class VersionStampedDatabase(ExampleDatabase):
     def move(self, src: bytes, dest: bytes, value: bytes) -> None:
         self.wrapped.move(src, dest, value)
 
+    # Listening: HypoFuzz's workers learn of each other's corpus and failures through the database's
+    # change events (hypothesis' ``add_listener``); the wrapped database has them (a directory through
+    # watchdog, Redis through pub/sub), so they are passed on, less the version stamps.
+    def _start_listening(self) -> None:
+        self.wrapped.add_listener(self._pass_on)
+
+    def _stop_listening(self) -> None:
+        self.wrapped.remove_listener(self._pass_on)
+
+    def _pass_on(self, event) -> None:
+        key = event[1][0]
+        if key is None or not key.endswith(VERSION_SUFFIX):
+            self._broadcast_change(event)
+
 
 def stale_message(key: bytes, values: list[bytes], writers: set[bytes], version: bytes) -> str:
     from hypothesis.database import choices_from_bytes
