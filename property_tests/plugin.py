@@ -17,6 +17,9 @@ When the suite is in use it
 
 * loads the implementation when one is named (an implementation that cannot be loaded stops
   the session with one line);
+* deselects the properties that would only skip for it (operations it does not provide, bad input
+  where it declares ``checks_inputs=False``) and filters the third-party deprecation warnings of
+  ``declarations/third_party_warnings.py``;
 * registers the ``mla_fuse.*`` hypothesis profiles and, unless ``--hypothesis-profile`` names
   one, loads ``mla_fuse.ci`` under ``CI=true``, else ``mla_fuse.dev``;
 * with ``$MLA_FUSE_REPORT_DIR`` set (``mla-fuse verify`` sets it), writes one JSON line per test
@@ -137,9 +140,12 @@ def start_suite(config) -> None:
     if current.in_use:
         return
     current.in_use = True
+    from mla_fuse_conformance.declarations.third_party_warnings import FILTERWARNINGS
     from mla_fuse_conformance.running import recording
     from mla_fuse_conformance.settings import profiles
 
+    for line in FILTERWARNINGS:
+        config.addinivalue_line("filterwarnings", line)
     profiles.register()
     profiles.select_default(explicit=config.getoption("hypothesis_profile", None) is not None)
     current.recorder = recording.Recorder(track_inflight=True)
@@ -193,6 +199,24 @@ def pytest_collect_file(file_path, parent):
 def pytest_unconfigure(config):
     if state(config).recorder is not None:
         state(config).recorder.close()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Deselect the properties that would only skip: of an operation the implementation neither
+    provides nor requires, or of bad input where it declares ``checks_inputs=False``."""
+    impl = state(config).implementation
+    inapplicable = [item for item in items if impl is not None and only_skips(item.get_closest_marker("mla_fuse"), impl)]
+    if inapplicable:
+        config.hook.pytest_deselected(items=inapplicable)
+        items[:] = [item for item in items if item not in inapplicable]
+
+
+def only_skips(mark, impl) -> bool:
+    """A property with ``mark`` would skip for ``impl`` (``harness.Property.check_provided``)."""
+    missing = [op for op in (mark.args if mark is not None else ()) if not impl.provides(op)]
+    if any(op in impl.required for op in missing):
+        return False  # fails: the implementation must provide it
+    return bool(missing) or (mark is not None and bool(mark.kwargs.get("bad_input")) and not impl.checks_inputs)
 
 
 def pytest_report_collectionfinish(config, items):
