@@ -74,7 +74,7 @@ def test_a_one_operation_verify_runs_its_properties_only_and_prints_no_foreign_w
                                                               "test_cache_entries_past_the_threshold[mla-auto]"]["reason"]
     assert " deselected" in out, out
     assert "not run: large addresses: cases past 2^31 elements" in out, out
-    assert "not run: properties of rotary_embedding: not provided" in out, out
+    assert "not run: the properties of rotary_embedding, concat_and_cache_mla_rope_fused" in out, out
     rows = [line.split()[0] for line in out.splitlines() if line.startswith(("concat", "rotary", "reshape", "rope"))]
     assert rows == ["concat_and_cache_mla"], out
 

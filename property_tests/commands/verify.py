@@ -43,6 +43,15 @@ TABLE_KEY = (
     "fp8 codes = max distance between fp8 codes as ordered integers, passes <= 1; padded / saturated = examples with "
     "a padded slot / a saturated fp8 code; examples = cases run; passed / failed / skipped = tests.")
 
+MAP_KEY = (
+    "key: fails <cell>: the conditions (fields of the case, relations between them) the failure needs, and how it "
+    "failed; fails k/n: the share of random cases inside the cell that fail; partial (k < n): a failing and a passing "
+    "example one field apart; replay: the command that reruns the failing example; passes <axis>: <value>: <count>: "
+    "passing examples with that feature value.")
+LIMITS_KEY = (
+    "key: confirmed: a case just outside the declared limit fails (the declaration is needed); handled: such cases "
+    "pass (the limit could be widened); not reached: no case with that value could be drawn.")
+
 
 @dataclasses.dataclass
 class OperationSummary:
@@ -88,8 +97,8 @@ def read_outcomes(path: pathlib.Path) -> list[dict]:
 
 def summarize(outcomes: list[dict], spec: str) -> dict[str, OperationSummary]:
     """Per operation: outcomes and metrics of the properties exercising ``spec`` (a property over
-    several operations, fused vs unfused, counts for each); the rest counts as ``general`` (the
-    a row of its own per test module, ``OTHER_ROWS``)."""
+    several operations, fused vs unfused, counts for each); a test of no single operation's examples
+    counts in a row named for its module (``OTHER_ROWS``)."""
     from mla_fuse_conformance.running.harness import all_properties
 
     properties = all_properties()
@@ -107,16 +116,6 @@ def summarize(outcomes: list[dict], spec: str) -> dict[str, OperationSummary]:
             summary.count(line["outcome"])
             summary.fold(metrics)
     return summaries
-
-
-MAP_KEY = (
-    "key: fails <cell>: the conditions (fields of the case, relations between them) the failure needs, and how it "
-    "failed; fails k/n: the share of random cases inside the cell that fail; partial (k < n): a failing and a passing "
-    "example one field apart; replay: the command that reruns the failing example; passes <axis>: <value>: <count>: "
-    "passing examples with that feature value.")
-LIMITS_KEY = (
-    "key: confirmed: a case just outside the declared limit fails (the declaration is needed); handled: such cases "
-    "pass (the limit could be widened); not reached: no case with that value could be drawn.")
 
 
 def other_row(nodeid: str) -> str:
@@ -169,8 +168,8 @@ def not_run(impl, profile: str) -> list[str]:
     that would only skip; ``test_large_addresses`` skips in the profiles it names)."""
     from mla_fuse_conformance.properties import test_large_addresses as large
 
-    lines = [f"properties of {op}: not provided" for op in OPERATIONS
-             if not impl.provides(op) and op not in impl.required]
+    missing = [op for op in OPERATIONS if not impl.provides(op) and op not in impl.required]
+    lines = [f"the properties of {', '.join(missing)} (not provided)"] if missing else []
     if not impl.checks_inputs:
         lines.append("bad-input properties: the implementation declares checks_inputs=False")
     if profile in large.SKIPPED_IN_PROFILES:
