@@ -39,6 +39,7 @@ an installed suite run with ``--pyargs`` from the user's directory is), a plugin
 from __future__ import annotations
 
 import dataclasses
+import gc
 import importlib.util
 import json
 import os
@@ -194,6 +195,17 @@ def pytest_collect_file(file_path, parent):
     if suite is not None and suite in file_path.resolve().parents:
         start_suite(parent.config)
     return None
+
+
+@pytest.hookimpl(trylast=True)  # after the session's fixtures are torn down
+def pytest_sessionfinish(session):
+    """An xdist worker's session is over: freeze its heap (``gc.freeze``). execnet gives the rest of
+    the worker's teardown 5 s, then interrupts it (SIGINT); pytest's cleanup runs a full garbage
+    collection, which takes seconds over the heap Inductor and Triton leave on a loaded machine,
+    and the KeyboardInterrupt lands in hypothesis' gc callback ("Exception ignored in ...
+    gc_callback"). The process ends next: nothing of that heap needs collecting."""
+    if hasattr(session.config, "workerinput") and state(session.config).in_use:
+        gc.freeze()
 
 
 def pytest_unconfigure(config):
