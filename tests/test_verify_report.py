@@ -99,3 +99,41 @@ def test_the_table_has_a_key_and_names_the_rows_of_no_single_operation():
     key = " ".join(table[5:])
     assert table[5].startswith("key: rope bound used") and "passes <= 1" in key and "rope ulps" in key
     assert "not a criterion" in key and "fp8 codes" in key
+
+
+
+HEAP_TEST = """
+def test_leaves_a_large_heap(held):  # as Inductor's and Triton's caches do
+    held.extend([i] for i in range(200_000))
+"""
+HEAP_CONFTEST = """
+import gc, os, pathlib
+import pytest
+
+HELD = []
+
+
+@pytest.fixture
+def held():
+    return HELD
+
+
+def pytest_unconfigure(config):  # after the worker reported back: within execnet's 5 s grace
+    if hasattr(config, "workerinput"):
+        pathlib.Path(os.environ["FROZEN_LOG"]).write_text(str(gc.get_freeze_count()))
+"""
+
+
+def test_an_xdist_worker_leaves_its_heap_to_the_end_of_the_process(tmp_path):
+    """execnet interrupts a worker (SIGINT) whose teardown outlasts 5 s; a full garbage collection of
+    the heap Inductor leaves took that long on a loaded machine, and the KeyboardInterrupt landed in
+    hypothesis' gc callback, printed as a PytestUnraisableExceptionWarning after a passing run. The
+    plugin freezes a worker's heap when its session is over: pytest's last collection skips it."""
+    (tmp_path / "test_heap.py").write_text(HEAP_TEST)
+    (tmp_path / "conftest.py").write_text(HEAP_CONFTEST)
+    log = tmp_path / "frozen"
+    result = subprocess.run([sys.executable, "-m", "pytest", "-n", "1", "-p", "no:cacheprovider",
+                             "--mla-fuse-impl=reference", "test_heap.py"], capture_output=True, text=True,
+                            cwd=tmp_path, env=dict(os.environ, FROZEN_LOG=str(log)), timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert int(log.read_text()) >= 200_000, "the worker's heap was left to pytest's final collection"
