@@ -17,9 +17,8 @@ When the suite is in use it
 
 * loads the implementation when one is named (an implementation that cannot be loaded stops
   the session with one line);
-* deselects the properties that would only skip for it (operations it does not provide, bad input
-  where it declares ``checks_inputs=False``) and filters the third-party deprecation warnings of
-  ``declarations/third_party_warnings.py``;
+* deselects the properties that would only skip for it, and filters the third-party warnings
+  of ``declarations/third_party_warnings.py``;
 * registers the ``mla_fuse.*`` hypothesis profiles and, unless ``--hypothesis-profile`` names
   one, loads ``mla_fuse.ci`` under ``CI=true``, else ``mla_fuse.dev``;
 * with ``$MLA_FUSE_REPORT_DIR`` set (``mla-fuse verify`` sets it), writes one JSON line per test
@@ -199,11 +198,8 @@ def pytest_collect_file(file_path, parent):
 
 @pytest.hookimpl(trylast=True)  # after the session's fixtures are torn down
 def pytest_sessionfinish(session):
-    """An xdist worker's session is over: freeze its heap (``gc.freeze``). execnet gives the rest of
-    the worker's teardown 5 s, then interrupts it (SIGINT); pytest's cleanup runs a full garbage
-    collection, which takes seconds over the heap Inductor and Triton leave on a loaded machine,
-    and the KeyboardInterrupt lands in hypothesis' gc callback ("Exception ignored in ...
-    gc_callback"). The process ends next: nothing of that heap needs collecting."""
+    """Freeze an xdist worker's heap: execnet interrupts (SIGINT) a teardown longer than 5 s, and
+    pytest's last full garbage collection of what Inductor and Triton leave took that long."""
     if hasattr(session.config, "workerinput") and state(session.config).in_use:
         gc.freeze()
 
@@ -214,21 +210,11 @@ def pytest_unconfigure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Deselect the properties that would only skip: of an operation the implementation neither
-    provides nor requires, or of bad input where it declares ``checks_inputs=False``."""
-    impl = state(config).implementation
-    inapplicable = [item for item in items if impl is not None and only_skips(item.get_closest_marker("mla_fuse"), impl)]
-    if inapplicable:
-        config.hook.pytest_deselected(items=inapplicable)
-        items[:] = [item for item in items if item not in inapplicable]
+    """Deselect the properties that would only skip for the implementation (``contract/applicable.py``)."""
+    if state(config).implementation is not None:
+        from mla_fuse_conformance.contract.applicable import deselect_inapplicable
 
-
-def only_skips(mark, impl) -> bool:
-    """A property with ``mark`` would skip for ``impl`` (``harness.Property.check_provided``)."""
-    missing = [op for op in (mark.args if mark is not None else ()) if not impl.provides(op)]
-    if any(op in impl.required for op in missing):
-        return False  # fails: the implementation must provide it
-    return bool(missing) or (mark is not None and bool(mark.kwargs.get("bad_input")) and not impl.checks_inputs)
+        deselect_inapplicable(config, items, state(config).implementation)
 
 
 def pytest_report_collectionfinish(config, items):

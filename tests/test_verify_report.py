@@ -19,7 +19,7 @@ import pytest
 from mla_fuse_conformance.commands import verify
 from mla_fuse_conformance.contract.implementation import load_implementation
 from mla_fuse_conformance.declarations.third_party_warnings import FILTERWARNINGS
-from mla_fuse_conformance.plugin import only_skips
+from mla_fuse_conformance.contract.applicable import only_skips
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 ONE_OPERATION = '''
