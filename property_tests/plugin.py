@@ -178,6 +178,8 @@ def pytest_configure(config):
             loaded_implementation(config)
         except ImplementationError as error:
             raise pytest.UsageError(str(error)) from None
+    if hasattr(config, "workerinput"):  # the first cleanup registered runs last: after pytest's own
+        config.add_cleanup(gc.unfreeze)  # (see pytest_sessionfinish)
     directory = os.environ.get(REPORT_DIR_ENV)
     if directory and not hasattr(config, "workerinput"):  # not an xdist worker
         start_suite(config)
@@ -198,8 +200,9 @@ def pytest_collect_file(file_path, parent):
 
 @pytest.hookimpl(trylast=True)  # after the session's fixtures are torn down
 def pytest_sessionfinish(session):
-    """Freeze an xdist worker's heap: execnet interrupts (SIGINT) a teardown longer than 5 s, and
-    pytest's last full garbage collection of what Inductor and Triton leave took that long."""
+    """Freeze an xdist worker's heap until its teardown is over: execnet interrupts (SIGINT) a
+    teardown longer than 5 s, and pytest's full garbage collection of what Inductor and Triton
+    leave took that long (the interpreter's exit collects it, so nanobind's leak check still passes)."""
     if hasattr(session.config, "workerinput") and state(session.config).in_use:
         gc.freeze()
 
