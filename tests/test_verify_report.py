@@ -57,7 +57,7 @@ def test_a_one_operation_verify_runs_its_properties_only_and_prints_no_foreign_w
     env.pop("CI", None)
     result = subprocess.run(
         [sys.executable, "-m", "mla_fuse_conformance", "verify", "--impl", "one_op:OneOp", "--profile", "dev",
-         "-n", "0", "--map-rounds", "0", "--", "-k", "cache_write_matches_reference or past_the_threshold",
+         "-n", "0", "--map-rounds", "0", "--", "-k", "cache_write_matches_reference or past_the_threshold or passes",
          "--hypothesis-seed=0"],
         capture_output=True, text=True, cwd=one_op, env=env, timeout=600)
     out = result.stdout + result.stderr
@@ -75,6 +75,7 @@ def test_a_one_operation_verify_runs_its_properties_only_and_prints_no_foreign_w
     assert " deselected" in out, out
     assert "not run: large addresses: cases past 2^31 elements" in out, out
     assert "not run: the properties of rotary_embedding, concat_and_cache_mla_rope_fused" in out, out
+    assert "not run: compile passes" in out and not any("compile_passes" in nodeid for nodeid in ran), out
     rows = [line.split()[0] for line in out.splitlines() if line.startswith(("concat", "rotary", "reshape", "rope"))]
     assert rows == ["concat_and_cache_mla"], out
 
@@ -148,3 +149,11 @@ def test_an_xdist_worker_leaves_its_heap_to_the_end_of_the_process(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert int(log.with_suffix(".collection").read_text()) >= 200_000, "pytest's last collection went over the heap"
     assert int(log.with_suffix(".exit").read_text()) == 0, "the heap was left frozen to the interpreter's exit"
+
+
+def test_the_compile_pass_module_is_not_even_collected_for_another_implementation(tmp_path):
+    from mla_fuse_conformance.properties import test_compile_passes
+
+    ignore = f"--ignore={test_compile_passes.__file__}"
+    assert ignore in verify.pytest_command("one_op:OneOp", "dev", tmp_path, "auto", (), [])
+    assert ignore not in verify.pytest_command("triton", "dev", tmp_path, "auto", (), [])

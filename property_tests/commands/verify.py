@@ -31,6 +31,7 @@ from mla_fuse_conformance.running import recording
 from mla_fuse_conformance.cases.features import describe
 from mla_fuse_conformance.contract.implementation import ImplementationError, load_implementation
 from mla_fuse_conformance.declarations.operations import OPERATIONS, ROTATING_OPERATIONS
+from mla_fuse_conformance.declarations.property_modules import COMPILE_PASS_MODULES
 from mla_fuse_conformance.running.recording import OUTCOMES_FILE
 
 SUITE_PACKAGE = "mla_fuse_conformance"
@@ -172,6 +173,8 @@ def not_run(impl, profile: str) -> list[str]:
     lines = [f"the properties of {', '.join(missing)} (not provided)"] if missing else []
     if not impl.checks_inputs:
         lines.append("bad-input properties: the implementation declares checks_inputs=False")
+    if ignored_modules(impl.spec):
+        lines.append("compile passes: they call mla_fuse's own ops, so they check the triton implementation only")
     if profile in large.SKIPPED_IN_PROFILES:
         lines.append(f"large addresses: {large.NOT_RUN}")
     return lines
@@ -182,7 +185,17 @@ def pytest_command(spec: str, profile: str, report_dir: pathlib.Path, workers: s
     return [sys.executable, "-m", "pytest", "--pyargs", SUITE_PACKAGE, f"--mla-fuse-impl={spec}",
             *([f"--mla-fuse-require={','.join(require)}"] if require else []),
             f"--hypothesis-profile={profiles.full_name(profile)}", f"--junitxml={report_dir / 'junit.xml'}",
-            "-p", "no:cacheprovider", "-n", workers, *extra]
+            "-p", "no:cacheprovider", "-n", workers, *ignored_modules(spec), *extra]
+
+
+def ignored_modules(spec: str) -> list[str]:
+    """The compile-pass properties call ``mla_fuse``'s own ops, so they apply to ``triton`` only;
+    for another implementation their module is not even imported (Inductor: 3 s per process)."""
+    from mla_fuse_conformance.commands.fuzz_workers import PASSES_IMPLEMENTATION, SUITE_DIR
+
+    if spec == PASSES_IMPLEMENTATION:
+        return []
+    return [f"--ignore={SUITE_DIR / module}.py" for module in COMPILE_PASS_MODULES]
 
 
 def property_of(nodeid: str, properties: dict):
