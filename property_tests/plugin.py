@@ -178,8 +178,8 @@ def pytest_configure(config):
             loaded_implementation(config)
         except ImplementationError as error:
             raise pytest.UsageError(str(error)) from None
-    if hasattr(config, "workerinput"):  # the first cleanup registered runs last: after pytest's own
-        config.add_cleanup(gc.unfreeze)  # (see pytest_sessionfinish)
+    if hasattr(config, "workerinput"):  # registered first, so it runs last: after pytest's own cleanup
+        config.add_cleanup(lambda: state(config).in_use and gc.unfreeze())  # see pytest_sessionfinish
     directory = os.environ.get(REPORT_DIR_ENV)
     if directory and not hasattr(config, "workerinput"):  # not an xdist worker
         start_suite(config)
