@@ -18,6 +18,8 @@ When the suite is in use it
 
 * loads the implementation when one is named (an implementation that cannot be loaded stops
   the session with one line);
+* deselects the properties that would only skip for it, and filters the third-party warnings
+  of ``declarations/third_party_warnings.py``;
 * registers the ``mla_fuse.*`` hypothesis profiles and, unless ``--hypothesis-profile`` names
   one, loads ``mla_fuse.ci`` under ``CI=true``, else ``mla_fuse.dev``;
 * with ``$MLA_FUSE_REPORT_DIR`` set (``mla-fuse verify`` sets it), writes one JSON line per test
@@ -38,6 +40,7 @@ an installed suite run with ``--pyargs`` from the user's directory is), a plugin
 from __future__ import annotations
 
 import dataclasses
+import gc
 import importlib.util
 import json
 import os
@@ -100,9 +103,12 @@ def start_suite(config) -> None:
     if current.in_use:
         return
     current.in_use = True
+    from mla_fuse_conformance.declarations.third_party_warnings import FILTERWARNINGS
     from mla_fuse_conformance.running import recording
     from mla_fuse_conformance.settings import profiles
 
+    for line in FILTERWARNINGS:
+        config.addinivalue_line("filterwarnings", line)
     profiles.register()
     profiles.select_default(explicit=config.getoption("hypothesis_profile", None) is not None)
     current.recorder = recording.Recorder(track_inflight=True)
@@ -135,6 +141,8 @@ def pytest_configure(config):
             loaded_implementation(config)
         except ImplementationError as error:
             raise pytest.UsageError(str(error)) from None
+    if hasattr(config, "workerinput"):  # registered first, so it runs last: after pytest's own cleanup
+        config.add_cleanup(lambda: state(config).in_use and gc.unfreeze())  # see pytest_sessionfinish
     directory = os.environ.get(REPORT_DIR_ENV)
     if directory and not hasattr(config, "workerinput"):  # not an xdist worker
         start_suite(config)
@@ -153,9 +161,26 @@ def pytest_collect_file(file_path, parent):
     return None
 
 
+@pytest.hookimpl(trylast=True)  # after the session's fixtures are torn down
+def pytest_sessionfinish(session):
+    """Freeze an xdist worker's heap until its teardown is over: execnet interrupts (SIGINT) a
+    teardown longer than 5 s, and pytest's full garbage collection of what Inductor and Triton
+    leave took that long (the interpreter's exit collects it, so nanobind's leak check still passes)."""
+    if hasattr(session.config, "workerinput") and state(session.config).in_use:
+        gc.freeze()
+
+
 def pytest_unconfigure(config):
     if state(config).recorder is not None:
         state(config).recorder.close()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Deselect the properties that would only skip for the implementation (``contract/applicable.py``)."""
+    if state(config).implementation is not None:
+        from mla_fuse_conformance.contract.applicable import deselect_inapplicable
+
+        deselect_inapplicable(config, items, state(config).implementation)
 
 
 def pytest_report_collectionfinish(config, items):

@@ -10,14 +10,18 @@ relation between the cache's strides, not the field that happened to produce it.
 from __future__ import annotations
 
 import dataclasses
+import json
+import pathlib
 
 import pytest
 import torch
 
 from mla_fuse_conformance.cases import fields
 from mla_fuse_conformance.cases import tensors
+from mla_fuse_conformance.cases import types as case_types
 from mla_fuse_conformance.cases.types import MlaCase, Placement, SlotSpec, TableSpec
 from mla_fuse_conformance.commands.conformance_map import map_property
+from mla_fuse_conformance.commands.diagnosis import data_fields
 from mla_fuse_conformance.contract.implementation import load_implementation
 from mla_fuse_conformance.running.harness import property_named
 
@@ -96,6 +100,14 @@ class NanInputs(OnlyMla):
     def concat_and_cache_mla(self, kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale):
         super().concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale)
         if kv_c.isnan().any() or k_pe.isnan().any():
+            spoil_first_entry(kv_cache, slot_mapping)
+
+
+class PositiveFirstLatent(OnlyMla):
+    """Wrong when the first token's first latent value is positive: about half of any cell's cases."""
+    def concat_and_cache_mla(self, kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale):
+        super().concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale)
+        if kv_c.numel() and float(kv_c[0, 0]) > 0:
             spoil_first_entry(kv_cache, slot_mapping)
 
 
@@ -222,3 +234,23 @@ def test_a_failing_property_gets_a_cell_or_the_reason_it_has_none(user_dir):
     assert "not shrunk" in "\n".join(found.lines())
     missed = _map("RareLatent", max_examples=3)
     assert not missed.cells and "no failing cell: the map's search met no failure" in "\n".join(missed.lines())
+
+
+def test_a_partial_cell_shows_a_failing_and_a_passing_example_one_field_apart(user_dir):
+    """A bug of the data, not of any field: the cell fails some of its cases; the report names the
+    pair, the failing one with a replay file, and the two run as it says."""
+    found = _map("PositiveFirstLatent")
+    partial = [cell.diagnosis for cell in found.cells if cell.diagnosis["rate"][0] < cell.diagnosis["rate"][1]]
+    assert partial, "\n".join(found.lines())
+    pair = partial[0]["pair"]
+    text = "\n".join(found.lines())
+    assert f"(partial: {pair['field']} {pair['failing']} fails, {pair['passing']} passes" in text, text
+    assert f"pair one field apart: {pair['field']} {pair['failing']} fails (" in text and " repro " in text, text
+    failing = case_types.from_jsonable(json.loads(pathlib.Path(pair["file"]).read_text())["case"])
+    passing = case_types.from_jsonable(pair["passing_case"])
+    apart = {**fields.leaves(failing), **data_fields(failing)}, {**fields.leaves(passing), **data_fields(passing)}
+    assert pair["field"] in {path for path in apart[0] if apart[0][path] != apart[1].get(path)}
+    impl, prop = load_implementation("wrong_adapters:PositiveFirstLatent"), property_named(MLA_PROPERTY)
+    with pytest.raises(AssertionError):
+        prop.run(impl, torch.device("cpu"), failing)
+    prop.run(impl, torch.device("cpu"), passing)

@@ -31,6 +31,7 @@ from hypothesis.errors import FlakyFailure, Unsatisfiable, UnsatisfiedAssumption
 
 from mla_fuse_conformance.settings import profiles
 from mla_fuse_conformance.running import recording
+from mla_fuse_conformance.cases import types as case_types
 from mla_fuse_conformance.cases.types import BadInputCase
 from mla_fuse_conformance.running.executor import ChildNotProvided, Crashed, RaisedInChild
 from mla_fuse_conformance.cases.features import AXIS, axes_for, describe, features
@@ -92,6 +93,11 @@ class PropertyMap:
                 out.append(f"  fails   {diagnosis.describe()}: {kinds}; {diagnosis.rate_text()}"
                            + ("" if cell.source == "shrunk" else " (from the test run's failing example, not shrunk)"))
                 out += diagnosis.lines()
+                if diagnosis.pair and diagnosis.pair.get("file"):
+                    pair = diagnosis.pair
+                    out.append(f"          pair one field apart: {pair['field']} {pair['failing']} fails "
+                               f"({recording.replay_command(pathlib.Path(pair['file']))}); {pair['field']} "
+                               f"{pair['passing']} passes")
                 axes = " | ".join(dict.fromkeys(describe(c.features) for c in group))
                 out.append(f"          feature axes: {axes}")
             for c in group:
@@ -187,6 +193,8 @@ def _cell(prop, impl, device, run_example: Callable, strategy, case, error, sour
     cell = failing_cell(prop, impl, run_example, case)
     diagnosis = diagnosing.diagnose(prop, impl, run_example, case)
     diagnosing.measure_and_refine(prop, impl, strategy, run_example, diagnosis, case)
+    if diagnosis.pair:
+        diagnosis.pair["file"] = _pair_file(prop, impl, device, run_example, diagnosis.pair)
     failure = dict(recording.failure_record(prop, impl, device, case, error), cell=cell,
                    trigger=diagnosis.describe())
     if getattr(error, "flaky", False):
@@ -194,6 +202,20 @@ def _cell(prop, impl, device, run_example: Callable, strategy, case, error, sour
     path = recording.save_failure(failure, f"map:{prop.name}", profiles.full_name("ci"))
     return Cell(cell, failure["kind"], failure["error"].splitlines()[0][:300] if failure["error"] else "",
                 str(path), dataclasses.asdict(diagnosis), source)
+
+
+def _pair_file(prop, impl, device, run_example: Callable, pair: dict) -> str | None:
+    """The replay file of the failing example of a cell's pair one field apart (run again for its error)."""
+    case = case_types.from_jsonable(pair["case"])
+    try:
+        run_example(case)
+    except FAILURES as error:
+        failure = dict(recording.failure_record(prop, impl, device, case, error),
+                       pair=f"{pair['field']} {pair['passing']} passes, the rest of the case the same")
+        return str(recording.save_failure(failure, f"map:{prop.name}", profiles.full_name("ci")))
+    except (UnsatisfiedAssumption, ChildNotProvided):
+        pass
+    return None
 
 
 def map_property(prop, impl, device, run_example: Callable, max_examples: int, rounds: int = 6,

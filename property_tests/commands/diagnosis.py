@@ -34,6 +34,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, reject, settings
 from hypothesis.errors import Unsatisfiable, UnsatisfiedAssumption
 
 from mla_fuse_conformance.cases import fields as case_fields
+from mla_fuse_conformance.cases import types as case_types
 from mla_fuse_conformance.cases.types import BadInputCase
 from mla_fuse_conformance.running.executor import ChildNotProvided, Crashed, RaisedInChild
 from mla_fuse_conformance.settings import profiles
@@ -44,6 +45,9 @@ FAILURES = (AssertionError, RaisedInChild, Crashed)
 PRECONDITIONS = ("some slot written (slot >= 0)", "tokens > 0")
 SEEDS = 3  # a value passes when the example passes with this many seeds (a NaN can hide a wrong element)
 RATE_EXAMPLES = 12  # random cases inside a cell to measure its failure rate
+PAIR_WALKS = 3  # passing members walked towards the failing case, until one gives a pair
+# fields that only pick data (not varied by ``diagnose``): the walk to a pair tries them last
+DATA_FIELDS = ("values.log2_spread", "value_values.log2_spread", "slots.pad_fraction", "seed")
 
 
 def _base(case):
@@ -123,13 +127,17 @@ class Diagnosis:
             text += (f" (refined: without {self.pair['field']} {self.pair['failing']} the cell failed "
                      f"{before[0]}/{before[1]}; {self.pair['field']} {self.pair['passing']} passes, the rest of "
                      "a case the same)")
-        elif failing < tried:
-            text += " (partial"
-            if self.pair:
-                text += (f": {self.pair['field']} {self.pair['failing']} fails, {self.pair['passing']} passes, "
-                         f"the rest of the case the same")
-            text += ")"
+        if failing < tried:
+            text += f" (partial: {self.pair_text()})"
         return text
+
+    def pair_text(self) -> str:
+        """The failing and the passing example one field apart of a partial cell."""
+        if not self.pair:
+            return ("no passing example one field apart from a failing one was found (the passing cases "
+                    "could not be reached one allowed field at a time)")
+        return (f"{self.pair['field']} {self.pair['failing']} fails, {self.pair['passing']} passes, the rest of the "
+                "case the same" + ("" if self.pair.get("every_seed", True) else " (passes with this seed, not every seed)"))
 
     def lines(self, indent: str = "          ") -> list[str]:
         out = [f"{indent}trigger relation {name}: {value} fails, {'yes' if value == 'no' else 'no'} passes"
@@ -267,10 +275,8 @@ def measure(prop, impl, strategy, run_example: Callable, condition: list[list], 
     except Unsatisfiable:
         pass
     rate = [counts[True], counts[True] + counts[False]]
-    pair = None
-    if passing_members:
-        pair = walk(prop, impl, run_example, _base(failing_case), passing_members[0])
-    return rate, pair
+    walks = (walk(prop, impl, run_example, _base(failing_case), member) for member in passing_members[:PAIR_WALKS])
+    return rate, next((pair for pair in walks if pair is not None), None)
 
 
 def measure_and_refine(prop, impl, strategy, run_example: Callable, diagnosis: Diagnosis, failing_case) -> None:
@@ -280,7 +286,8 @@ def measure_and_refine(prop, impl, strategy, run_example: Callable, diagnosis: D
     diagnosis.rate, diagnosis.pair = measure(prop, impl, strategy, run_example, diagnosis.condition, failing_case)
     if diagnosis.pair and diagnosis.rate[0] < diagnosis.rate[1]:
         field = diagnosis.pair["field"]
-        if not any(kind.startswith("field") and name == field for kind, name, _ in diagnosis.condition):
+        in_condition = any(kind.startswith("field") and name == field for kind, name, _ in diagnosis.condition)
+        if field not in DATA_FIELDS and not in_condition:
             narrowed = diagnosis.condition + [["field", field, [diagnosis.pair["failing"]]]]
             rate, _ = measure(prop, impl, strategy, run_example, narrowed, failing_case)
             if rate[1]:
@@ -288,26 +295,45 @@ def measure_and_refine(prop, impl, strategy, run_example: Callable, diagnosis: D
                 diagnosis.condition, diagnosis.rate = narrowed, rate
 
 
+def data_fields(case) -> dict[str, object]:
+    """The fields of ``case`` that only pick data (``DATA_FIELDS`` it has), by path."""
+    out = {}
+    for path in DATA_FIELDS:
+        head, _, rest = path.partition(".")
+        inner = getattr(case, head, None)
+        value = getattr(inner, rest, None) if rest else inner
+        if value is not None:
+            out[path] = value
+    return out
+
+
 def walk(prop, impl, run_example: Callable, failing, passing) -> dict | None:
-    """Move ``failing`` towards ``passing`` one field at a time; at the first step that passes
-    (every seed), the two cases differ in that one field."""
+    """Move ``failing`` towards ``passing`` one field at a time, the generated fields first, then
+    those that only pick data and the seed; at the first step that passes, the two cases differ in
+    that one field: ``{"field", "failing", "passing", "case", "passing_case"}`` (the cases as JSON).
+    A step that passes with every seed is preferred; else the first that passes with its own seed
+    (``"every_seed": False``, except for a step of the seed itself, whose pair names the seed)."""
     if type(failing) is not type(passing):
         return None
-    target = case_fields.leaves(passing)
-    current = failing
-    for path, value in target.items():
-        own = case_fields.leaves(current).get(path)
+    targets = {**case_fields.leaves(passing), **data_fields(passing)}
+    current, fallback = failing, None
+    for path, value in targets.items():
+        own = {**case_fields.leaves(current), **data_fields(current)}.get(path)
         if own == value:
             continue
         moved = case_fields.vary(current, path, value)
         if moved is None or not prop.allows(impl, moved):
             continue
         fails = outcome(run_example, moved)
-        if fails is None:
-            continue
-        if not fails and all(outcome(run_example, dataclasses.replace(moved, seed=moved.seed + k)) is False
-                             for k in range(1, SEEDS)):
-            return {"field": path, "failing": case_fields.show(own), "passing": case_fields.show(value)}
         if fails:
             current = moved
-    return None
+            continue
+        if fails is None:
+            continue
+        pair = {"field": path, "failing": case_fields.show(own), "passing": case_fields.show(value),
+                "case": case_types.to_jsonable(current), "passing_case": case_types.to_jsonable(moved)}
+        if path != "seed" and all(outcome(run_example, dataclasses.replace(moved, seed=moved.seed + k)) is False
+                                  for k in range(1, SEEDS)):
+            return pair
+        fallback = fallback or dict(pair, every_seed=path == "seed")
+    return fallback

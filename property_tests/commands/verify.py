@@ -23,6 +23,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import textwrap
 import time
 
 from mla_fuse_conformance.settings import profiles
@@ -30,10 +31,27 @@ from mla_fuse_conformance.running import recording
 from mla_fuse_conformance.cases.features import describe
 from mla_fuse_conformance.contract.implementation import ImplementationError, load_implementation
 from mla_fuse_conformance.declarations.operations import OPERATIONS, ROTATING_OPERATIONS
+from mla_fuse_conformance.declarations.property_modules import COMPILE_PASS_MODULES
 from mla_fuse_conformance.running.recording import OUTCOMES_FILE
 
 SUITE_PACKAGE = "mla_fuse_conformance"
-GENERAL = "general"  # tests that belong to no single operation (the suite's self-checks, compile passes)
+# rows of the tests that check no single operation's examples, by test module
+OTHER_ROWS = {"test_compile_passes": "compile passes (Inductor)", "test_large_addresses": "addresses past 2^31"}
+TABLE_KEY = (
+    "key: rope bound used = max |impl - exact| / CONTRACT §5 bound over the rotated values (exact: the float64 "
+    "reference), passes <= 1, 0.5 = correctly rounded; rope ulps = max |impl - exact| / spacing of the output dtype "
+    "at |exact|, not a criterion (large where a rotation cancels: the bound's 2^-22 (|a*c| + |b*s|) term allows it); "
+    "fp8 codes = max distance between fp8 codes as ordered integers, passes <= 1; padded / saturated = examples with "
+    "a padded slot / a saturated fp8 code; examples = cases run; passed / failed / skipped = tests.")
+
+MAP_KEY = (
+    "key: fails <cell>: the conditions (fields of the case, relations between them) the failure needs, and how it "
+    "failed; fails k/n: the share of random cases inside the cell that fail; partial (k < n): a failing and a passing "
+    "example one field apart; replay: the command that reruns the failing example; passes <axis>: <value>: <count>: "
+    "passing examples with that feature value.")
+LIMITS_KEY = (
+    "key: confirmed: a case just outside the declared limit fails (the declaration is needed); handled: such cases "
+    "pass (the limit could be widened); not reached: no case with that value could be drawn.")
 
 
 @dataclasses.dataclass
@@ -80,8 +98,8 @@ def read_outcomes(path: pathlib.Path) -> list[dict]:
 
 def summarize(outcomes: list[dict], spec: str) -> dict[str, OperationSummary]:
     """Per operation: outcomes and metrics of the properties exercising ``spec`` (a property over
-    several operations, fused vs unfused, counts for each); the rest counts as ``general`` (the
-    suite's self-checks run mutants on purpose: their metrics are not the implementation's)."""
+    several operations, fused vs unfused, counts for each); a test of no single operation's examples
+    counts in a row named for its module (``OTHER_ROWS``)."""
     from mla_fuse_conformance.running.harness import all_properties
 
     properties = all_properties()
@@ -92,7 +110,8 @@ def summarize(outcomes: list[dict], spec: str) -> dict[str, OperationSummary]:
             metrics = {}
         prop = property_of(line["nodeid"], properties)
         operations = (metrics.get("operations") or (line.get("failure") or {}).get("operations")
-                      or (prop.operations if prop is not None and line["outcome"] == "failed" else [GENERAL]))
+                      or (prop.operations if prop is not None and line["outcome"] == "failed"
+                          else [other_row(line["nodeid"])]))
         for operation in operations:
             summary = summaries.setdefault(operation, OperationSummary())
             summary.count(line["outcome"])
@@ -100,13 +119,17 @@ def summarize(outcomes: list[dict], spec: str) -> dict[str, OperationSummary]:
     return summaries
 
 
+def other_row(nodeid: str) -> str:
+    """The row of a test that checks no single operation's examples: named for its test module."""
+    stem = pathlib.PurePath(nodeid.partition("::")[0]).stem
+    return OTHER_ROWS.get(stem, stem)
+
+
 def format_table(summaries: dict[str, OperationSummary]) -> str:
     header = ("operation", "examples", "rope bound used", "rope ulps", "fp8 codes", "padded", "saturated",
               "passed", "failed", "skipped", "verdict")
     rows = [header]
-    for op in [*OPERATIONS, GENERAL]:
-        if op not in summaries:
-            continue
+    for op in [*(op for op in OPERATIONS if op in summaries), *sorted(set(summaries) - set(OPERATIONS))]:
         s = summaries[op]
         rows.append((op, str(s.examples), f"{s.worst_rope_bound_fraction:.3g}", f"{s.worst_rope_ulps:.3g}",
                      str(s.worst_fp8_code_diff), str(s.padded_slot_cases), str(s.saturation_cases), str(s.passed),
@@ -114,7 +137,11 @@ def format_table(summaries: dict[str, OperationSummary]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) for row in rows]
     lines.insert(1, "  ".join("-" * width for width in widths))
-    return "\n".join(lines)
+    return "\n".join([*lines, wrapped(TABLE_KEY)])
+
+
+def wrapped(key: str) -> str:
+    return "\n".join(textwrap.wrap(key, 110, subsequent_indent="     "))
 
 
 def describe_implementation(impl) -> list[str]:
@@ -126,7 +153,7 @@ def describe_implementation(impl) -> list[str]:
     if missing:
         required = [op for op in missing if op in impl.required]
         lines.append(f"not provided: {', '.join(missing)}" + (f" (REQUIRED: {', '.join(required)} fail)" if required
-                                                               else " (their properties are skipped)"))
+                                                               else " (their properties are not run)"))
     for attr, op in impl.near_misses.items():
         lines.append(f"warning: {attr!r} is not an operation of the contract; did you mean {op!r}?"
                      + ("" if op in impl.required else " (--require it to make its absence a failure)"))
@@ -137,12 +164,38 @@ def describe_implementation(impl) -> list[str]:
     return lines
 
 
+def not_run(impl, profile: str) -> list[str]:
+    """What the suite leaves out for ``impl`` in ``profile`` (the plugin deselects the properties
+    that would only skip; ``test_large_addresses`` skips in the profiles it names)."""
+    from mla_fuse_conformance.properties import test_large_addresses as large
+
+    missing = [op for op in OPERATIONS if not impl.provides(op) and op not in impl.required]
+    lines = [f"the properties of {', '.join(missing)} (not provided)"] if missing else []
+    if not impl.checks_inputs:
+        lines.append("bad-input properties: the implementation declares checks_inputs=False")
+    if ignored_modules(impl.spec):
+        lines.append("compile passes: they call mla_fuse's own ops, so they check the triton implementation only")
+    if profile in large.SKIPPED_IN_PROFILES:
+        lines.append(f"large addresses: {large.NOT_RUN}")
+    return lines
+
+
 def pytest_command(spec: str, profile: str, report_dir: pathlib.Path, workers: str, require: tuple[str, ...],
                    extra: list[str]) -> list[str]:
     return [sys.executable, "-m", "pytest", "--pyargs", SUITE_PACKAGE, f"--mla-fuse-impl={spec}",
             *([f"--mla-fuse-require={','.join(require)}"] if require else []),
             f"--hypothesis-profile={profiles.full_name(profile)}", f"--junitxml={report_dir / 'junit.xml'}",
-            "-p", "no:cacheprovider", "-n", workers, *extra]
+            "-p", "no:cacheprovider", "-n", workers, *ignored_modules(spec), *extra]
+
+
+def ignored_modules(spec: str) -> list[str]:
+    """The compile-pass properties call ``mla_fuse``'s own ops, so they apply to ``triton`` only;
+    for another implementation their module is not even imported (Inductor: 3 s per process)."""
+    from mla_fuse_conformance.commands.fuzz_workers import PASSES_IMPLEMENTATION, SUITE_DIR
+
+    if spec == PASSES_IMPLEMENTATION:
+        return []
+    return [f"--ignore={SUITE_DIR / module}.py" for module in COMPILE_PASS_MODULES]
 
 
 def property_of(nodeid: str, properties: dict):
@@ -244,6 +297,7 @@ def run_verify(impl_spec: str | None, profile: str, report_dir: pathlib.Path, wo
 
 def print_report(impl, profile, elapsed, summaries, outcomes, maps, limits, failed) -> None:
     print(f"\nmla-fuse verify: {impl.spec} ({profile} profile, {elapsed:.0f} s)\n{format_table(summaries)}")
+    print("".join(f"not run: {line}\n" for line in not_run(impl, profile)), end="")
     failures = [line["failure"] for line in outcomes if line.get("failure")]
     others = [line for line in outcomes if line["outcome"] == "failed" and not line.get("failure")]
     if failures or others:
@@ -258,6 +312,7 @@ def print_report(impl, profile, elapsed, summaries, outcomes, maps, limits, fail
         print("\nconformance map (failing cells, each with a replay file; then the feature values of passing examples):")
         for property_map in maps:
             print("\n".join(property_map.lines()))
+        print(wrapped(MAP_KEY))
     if limits:
         print("\ndeclared limits, each checked with a few cases just outside it:")
         by_outcome = collections.Counter(check.outcome for check in limits)
@@ -266,3 +321,4 @@ def print_report(impl, profile, elapsed, summaries, outcomes, maps, limits, fail
                     "not reached": "not reached"}[check.outcome]
             print(f"  {check.operation}: {check.axis} {check.value}: {note} ({check.detail})")
         print(f"  ({by_outcome['confirmed']} confirmed, {by_outcome['handled']} handled though declared unsupported)")
+        print(wrapped(LIMITS_KEY))

@@ -1,0 +1,159 @@
+"""What ``mla-fuse verify`` runs and prints for an adapter with one operation (commands/verify.py).
+
+The properties of operations an adapter does not provide are deselected at collection (they
+would only skip), the large-address cases are left out of the ``dev`` profile and the report
+says so, a passing run prints no warning that is not the user's, and each table of the report
+has a key.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+from mla_fuse_conformance.commands import verify
+from mla_fuse_conformance.contract.implementation import load_implementation
+from mla_fuse_conformance.declarations.third_party_warnings import FILTERWARNINGS
+from mla_fuse_conformance.contract.applicable import only_skips
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+ONE_OPERATION = '''
+from mla_fuse import ops
+
+
+class OneOp:
+    concat_and_cache_mla = staticmethod(ops.concat_and_cache_mla)
+'''
+
+
+@pytest.fixture
+def one_op(tmp_path, monkeypatch):
+    (tmp_path / "one_op.py").write_text(ONE_OPERATION)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+def test_only_the_properties_that_would_skip_are_deselected(one_op):
+    impl = load_implementation("one_op:OneOp")
+    required = load_implementation("one_op:OneOp", ("rotary_embedding",))
+    assert not only_skips(pytest.mark.mla_fuse("concat_and_cache_mla").mark, impl)
+    assert only_skips(pytest.mark.mla_fuse("concat_and_cache_mla", bad_input=True).mark, impl)  # checks_inputs no
+    assert only_skips(pytest.mark.mla_fuse("rotary_embedding").mark, impl)
+    assert only_skips(pytest.mark.mla_fuse("concat_and_cache_mla_rope_fused", "concat_and_cache_mla").mark, impl)
+    assert not only_skips(pytest.mark.mla_fuse("rotary_embedding").mark, required)  # it must fail instead
+    assert not only_skips(pytest.mark.mla_fuse(timeout_factor=4).mark, impl) and not only_skips(None, impl)
+
+
+def test_a_one_operation_verify_runs_its_properties_only_and_prints_no_foreign_warning(one_op):
+    """A short selection (one property, few examples): the suite's modules are all imported at
+    collection, Inductor's included, as in a full run."""
+    env = dict(os.environ, PYTHONPATH=str(one_op))
+    env.pop("CI", None)
+    result = subprocess.run(
+        [sys.executable, "-m", "mla_fuse_conformance", "verify", "--impl", "one_op:OneOp", "--profile", "dev",
+         "-n", "0", "--map-rounds", "0", "--", "-k", "cache_write_matches_reference or past_the_threshold or passes",
+         "--hypothesis-seed=0"],
+        capture_output=True, text=True, cwd=one_op, env=env, timeout=600)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert "warning" not in out.lower().replace("warnings summary", "") and "Traceback" not in out, out
+    assert "warnings summary" not in out, out
+    outcomes = verify.read_outcomes(one_op / ".mla_fuse_reports" / "outcomes.jsonl")
+    ran = {line["nodeid"].rpartition("/")[2]: line for line in outcomes}
+    assert [nodeid for nodeid, line in ran.items() if line["outcome"] == "passed"] == [
+        "test_mla.py::test_mla_cache_write_matches_reference"], out  # test_flash's is deselected
+    assert all(line["outcome"] == "skipped" and "past_the_threshold" in nodeid
+               for nodeid, line in ran.items() if line["outcome"] != "passed"), out
+    assert "Skipped: large addresses: cases past 2^31" in ran["test_large_addresses.py::"
+                                                              "test_cache_entries_past_the_threshold[mla-auto]"]["reason"]
+    assert " deselected" in out, out
+    assert "not run: large addresses: cases past 2^31 elements" in out, out
+    assert "not run: the properties of rotary_embedding, concat_and_cache_mla_rope_fused" in out, out
+    assert "not run: compile passes" in out and not any("compile_passes" in nodeid for nodeid in ran), out
+    rows = [line.split()[0] for line in out.splitlines() if line.startswith(("concat", "rotary", "reshape", "rope"))]
+    assert rows == ["concat_and_cache_mla"], out
+
+
+def test_the_third_party_filters_are_declared_once_and_used_by_this_repository():
+    settings = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert set(FILTERWARNINGS) <= set(settings.get("filterwarnings", ())), "pyproject.toml misses a filter"
+    assert all(line.startswith("ignore:") and line.count(":") >= 3 for line in FILTERWARNINGS)  # message and module
+
+
+def test_the_table_has_a_key_and_names_the_rows_of_no_single_operation():
+    outcomes = [
+        {"nodeid": "properties/test_compile_passes.py::test_passes_fuse", "outcome": "passed", "metrics": None},
+        {"nodeid": "properties/test_large_addresses.py::test_query_rows_a_huge_stride_apart", "outcome": "skipped"},
+        {"nodeid": "properties/test_mla.py::test_mla_cache_write_matches_reference", "outcome": "passed",
+         "metrics": {"impl": "x", "operations": ["concat_and_cache_mla"], "examples": 3, "worst_rope_ulps": 680}},
+    ]
+    summaries = verify.summarize(outcomes, "x")
+    assert sorted(summaries) == ["addresses past 2^31", "compile passes (Inductor)", "concat_and_cache_mla"]
+    table = verify.format_table(summaries).splitlines()
+    assert table[2].startswith("concat_and_cache_mla") and table[3].startswith("addresses past 2^31")
+    key = " ".join(table[5:])
+    assert table[5].startswith("key: rope bound used") and "passes <= 1" in key and "rope ulps" in key
+    assert "not a criterion" in key and "fp8 codes" in key
+
+
+
+HEAP_TEST = """
+def test_leaves_a_large_heap(held):  # as Inductor's and Triton's caches do
+    held.extend([i] for i in range(200_000))
+"""
+HEAP_CONFTEST = """
+import atexit, gc, os, pathlib
+import pytest
+import _pytest.unraisableexception as unraisable
+
+HELD = []
+LOG = pathlib.Path(os.environ["FROZEN_LOG"])
+collect = unraisable.gc_collect_harder
+
+
+@pytest.fixture
+def held():
+    return HELD
+
+
+def frozen_at_pytests_collection(iterations):  # pytest's last collection, within execnet's grace
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        LOG.with_suffix(".collection").write_text(str(gc.get_freeze_count()))
+    collect(iterations)
+
+
+unraisable.gc_collect_harder = frozen_at_pytests_collection
+if os.environ.get("PYTEST_XDIST_WORKER"):  # what the interpreter's exit collects (nanobind checks leaks)
+    atexit.register(lambda: LOG.with_suffix(".exit").write_text(str(gc.get_freeze_count())))
+"""
+
+
+def test_an_xdist_worker_leaves_its_heap_to_the_end_of_the_process(tmp_path):
+    """execnet interrupts a worker (SIGINT) whose teardown outlasts 5 s; a full garbage collection of
+    the heap Inductor leaves took that long on a loaded machine, and the KeyboardInterrupt landed in
+    hypothesis' gc callback, printed as a PytestUnraisableExceptionWarning after a passing run. The
+    plugin freezes a worker's heap when its session is over, so pytest's last collection skips it, and
+    unfreezes it after that, so the interpreter's exit collects it (nanobind reports what it does not)."""
+    (tmp_path / "test_heap.py").write_text(HEAP_TEST)
+    (tmp_path / "conftest.py").write_text(HEAP_CONFTEST)
+    log = tmp_path / "frozen.log"
+    result = subprocess.run([sys.executable, "-m", "pytest", "-n", "1", "-p", "no:cacheprovider",
+                             "--mla-fuse-impl=reference", "test_heap.py"], capture_output=True, text=True,
+                            cwd=tmp_path, env=dict(os.environ, FROZEN_LOG=str(log)), timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert int(log.with_suffix(".collection").read_text()) >= 200_000, "pytest's last collection went over the heap"
+    assert int(log.with_suffix(".exit").read_text()) == 0, "the heap was left frozen to the interpreter's exit"
+
+
+def test_the_compile_pass_module_is_not_even_collected_for_another_implementation(tmp_path):
+    from mla_fuse_conformance.properties import test_compile_passes
+
+    ignore = f"--ignore={test_compile_passes.__file__}"
+    assert ignore in verify.pytest_command("one_op:OneOp", "dev", tmp_path, "auto", (), [])
+    assert ignore not in verify.pytest_command("triton", "dev", tmp_path, "auto", (), [])
