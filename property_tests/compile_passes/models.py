@@ -121,8 +121,8 @@ READERS_OF_THE_BUFFER = ("second_reader", "second_split_reader")  # read the pro
 
 def build_model(spec: ModelSpec, use_custom_op: bool | None = None) -> ToyModel:
     """The spec's model with seeded weights. ``use_custom_op=True`` gives the eager reference: the
-    unfused kernels, except in a ``second_reader``/``second_split_reader`` layer, whose reader sees the buffer the rope
-    wrote in place (custom op) or left alone (native forms), so its reference keeps the spec's form."""
+    unfused kernels, except in a layer of ``READERS_OF_THE_BUFFER``, whose reader sees the buffer the
+    rope wrote in place (custom op) or left alone (native forms), so its reference keeps the spec's form."""
     torch.manual_seed(spec.seed)
     shared: dict = {}
     layers = []

@@ -155,14 +155,14 @@ def _resplit_among_other_splits(scattered):
     return splits[0]
 
 
+_SPLIT_KEY = split_coalescing.SplitCoalescingPattern.key
+
+
 def _split_key_without_dim(split):
     """vLLM's SplitCoalescingPass bug (vllm-project/vllm#57299): splits keyed by tensor and sizes only, so
     two splits of one tensor along different dims are merged into the first."""
     source, sizes, _ = _SPLIT_KEY(split)
     return source, sizes
-
-
-_SPLIT_KEY = split_coalescing.SplitCoalescingPattern.key
 
 
 def _no_foreign_readers(*args, **kwargs):
