@@ -20,7 +20,8 @@ from mla_fuse_conformance.compile_passes.mutants import PASS_MUTANTS
 from mla_fuse_conformance.compile_passes.checks import observe_compile_case
 from mla_fuse_conformance.properties.test_compile_passes import EXPLICIT
 
-LIGHT_HYBRID, LIGHT_READERS, LIGHT_NATIVE_READERS, INDUCTOR_DYNAMIC = EXPLICIT[0], EXPLICIT[1], EXPLICIT[2], EXPLICIT[6]
+LIGHT_HYBRID, LIGHT_READERS, LIGHT_NATIVE_READERS = EXPLICIT[0], EXPLICIT[1], EXPLICIT[2]
+INDUCTOR_DYNAMIC = next(case for case in EXPLICIT if case.backend == "inductor" and case.dynamic)
 
 
 def test_a_light_example_observes_the_same_cold_warm_and_after_other_examples():

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from mla_fuse_conformance.settings import profiles
 from mla_fuse_conformance.cases import types as case_types
 from mla_fuse_conformance.cases.engine_caches import CacheLayout
-from mla_fuse_conformance.compile_passes.layers import ROPE_FORMS, SITUATIONS
+from mla_fuse_conformance.compile_passes.layers import FUSING_SITUATIONS, ROPE_FORMS, SITUATIONS
 from mla_fuse_conformance.compile_passes.models import MhaGeometry, MlaGeometry, ModelSpec
 from mla_fuse_conformance.cases.sizes import weighted
 
@@ -81,8 +81,8 @@ class CompileCase:
         return math.ceil(CACHE_SLOTS / self.block_size)
 
     def expected_fused(self) -> list[bool]:
-        """Per layer: the fusion must rewrite it (allowed, and the layer is in the plain situation)."""
-        return [situation == "plain" and self.settings.allows(kind, self.kv_cache_dtype)
+        """Per layer: the fusion must rewrite it (allowed, and the layer in a situation that fuses)."""
+        return [situation in FUSING_SITUATIONS and self.settings.allows(kind, self.kv_cache_dtype)
                 for kind, situation in zip(self.model.kinds, self.model.situations)]
 
 

@@ -9,7 +9,15 @@ DeepSeek YaRN native form, and an inverse rotation no pattern covers) and each l
                               again after the rope: must not fuse (a fused in-place write, or
                               rewiring its users, would change what that reader sees)
 ``unsupported_rope``          the inverse rotation (sin flipped), a rope form no pattern covers
+``second_split_reader``       the projection buffer is split again after the rope, with other sizes
+                              (MHA ``[q | k v]``, MLA ``[kv_c[:-1] | kv_c[-1] k_pe]``), and a rotated
+                              column of that split is read: must not fuse (the scatter chain has a
+                              reader besides its re-split)
+``splits_along_two_dims``     the layer output, viewed as ``[T, n, n]``, is split with the same sizes
+                              along dim 1 and along dim 2 (two splits that must stay two): must fuse
 ============================  ====================================================================
+
+``FUSING_SITUATIONS`` are those in which the fusion must fire (where allowed).
 """
 
 from __future__ import annotations
@@ -19,7 +27,9 @@ import torch
 from mla_fuse.layers import DeepseekScalingRotaryEmbedding, MHAAttention, MLAAttention, RotaryEmbedding
 
 ROPE_FORMS = ("custom_op", "native", "deepseek_native")
-SITUATIONS = ("plain", "pre_rotation_reader", "second_reader", "unsupported_rope")
+SITUATIONS = ("plain", "pre_rotation_reader", "second_reader", "unsupported_rope", "second_split_reader",
+              "splits_along_two_dims")
+FUSING_SITUATIONS = ("plain", "splits_along_two_dims")
 POSITIONS = 64          # rows of a plain table; a DeepSeek table has POSITIONS // 4 * 4
 YARN_FACTOR = 4.0
 
@@ -130,10 +140,61 @@ class SecondReaderMHA(PreRotationReaderMHA):
         return _plus(self.update_and_attend(q, k, v), qkv_read), q, k
 
 
+class SecondSplitReaderMLA(PreRotationReaderMLA):
+    """After the rope the latent projection is split again as ``[kv_c[:-1] | kv_c[-1], k_pe]``; the last
+    column of that second part (in the rotated ``k_pe``) joins the output."""
+
+    def forward_with_rope_outputs(self, positions, hidden_states):
+        q, latent, kv_c, k_pe = self._project(hidden_states)
+        k_pe = self._rotate(positions, q, k_pe)
+        _, tail = latent.split([self.kv_lora_rank - 1, self.qk_rope_head_dim + 1], dim=-1)
+        return _plus(self.update_and_attend(q, self.kv_a_layernorm(kv_c), k_pe), tail[:, -1:]), q, k_pe
+
+
+class SecondSplitReaderMHA(PreRotationReaderMHA):
+    """After the rope the packed ``qkv`` is split again as ``[q | k v]``; the first column of ``k`` joins
+    the output."""
+
+    def forward_with_rope_outputs(self, positions, hidden_states):
+        qkv, (q, k, v) = self._project(hidden_states)
+        q, k = self.rotary_emb(positions, q, k)
+        q_size = self.num_heads * self.head_size
+        _, kv = qkv.split([q_size, qkv.size(-1) - q_size], dim=-1)
+        return _plus(self.update_and_attend(q, k, v), kv[:, :1]), q, k
+
+
+def _splits_along_two_dims(out: torch.Tensor) -> torch.Tensor:
+    """``out`` plus, in its first ``n`` columns, the first row minus the first column of ``out[:, :n*n]``
+    viewed as ``[T, n, n]``: one tensor split with sizes ``[1, n - 1]`` along dim 1 and along dim 2."""
+    n = 4 if out.size(-1) >= 16 else 2
+    square = out[:, :n * n].reshape(-1, n, n)
+    row = square.split([1, n - 1], dim=1)[0].flatten(1)
+    column = square.split([1, n - 1], dim=2)[0].flatten(1)
+    return torch.cat([_plus(out[:, :n], row - column), out[:, n:]], dim=-1)
+
+
+class SplitsAlongTwoDimsMLA(MLAAttention):
+    """A plain MLA layer whose output goes through ``_splits_along_two_dims``."""
+
+    def forward_with_rope_outputs(self, positions, hidden_states):
+        out, q, k_pe = super().forward_with_rope_outputs(positions, hidden_states)
+        return _splits_along_two_dims(out), q, k_pe
+
+
+class SplitsAlongTwoDimsMHA(MHAAttention):
+    """A plain MHA layer whose output goes through ``_splits_along_two_dims``."""
+
+    def forward_with_rope_outputs(self, positions, hidden_states):
+        out, q, k = super().forward_with_rope_outputs(positions, hidden_states)
+        return _splits_along_two_dims(out), q, k
+
+
 LAYER_CLASSES = {
     ("mla", "plain"): MLAAttention, ("mla", "pre_rotation_reader"): PreRotationReaderMLA,
     ("mla", "second_reader"): SecondReaderMLA, ("mla", "unsupported_rope"): MLAAttention,
+    ("mla", "second_split_reader"): SecondSplitReaderMLA, ("mla", "splits_along_two_dims"): SplitsAlongTwoDimsMLA,
     ("mha", "plain"): MHAAttention, ("mha", "pre_rotation_reader"): PreRotationReaderMHA,
     ("mha", "second_reader"): SecondReaderMHA, ("mha", "unsupported_rope"): MHAAttention,
+    ("mha", "second_split_reader"): SecondSplitReaderMHA, ("mha", "splits_along_two_dims"): SplitsAlongTwoDimsMHA,
 }
 

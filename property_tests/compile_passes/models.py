@@ -116,15 +116,19 @@ def _rope_for(spec: ModelSpec, kind: str, situation: str, custom: bool, shared: 
     return shared[kind, custom]
 
 
+READERS_OF_THE_BUFFER = ("second_reader", "second_split_reader")  # read the projection buffer after the rope
+
+
 def build_model(spec: ModelSpec, use_custom_op: bool | None = None) -> ToyModel:
     """The spec's model with seeded weights. ``use_custom_op=True`` gives the eager reference: the
-    unfused kernels, except in a ``second_reader`` layer, whose reader sees the buffer the rope
-    wrote in place (custom op) or left alone (native forms), so its reference keeps the spec's form."""
+    unfused kernels, except in a layer of ``READERS_OF_THE_BUFFER``, whose reader sees the buffer the
+    rope wrote in place (custom op) or left alone (native forms), so its reference keeps the spec's form."""
     torch.manual_seed(spec.seed)
     shared: dict = {}
     layers = []
     for name, kind, situation in zip(spec.layer_names, spec.kinds, spec.situations):
-        custom = spec.rope == "custom_op" if use_custom_op is None or situation == "second_reader" else use_custom_op
+        custom = spec.rope == "custom_op" if use_custom_op is None or situation in READERS_OF_THE_BUFFER \
+            else use_custom_op
         rope = _rope_for(spec, kind, situation, custom, shared)
         cls = LAYER_CLASSES[(kind, situation)]
         if kind == "mla":

@@ -25,7 +25,7 @@ from mla_fuse.layers.mha import MHAAttention, heads
 from mla_fuse.layers.mla import MLAAttention
 from mla_fuse.passes import (
     aliasing, config, defunctionalize, mla_rope_kvcache_fusion, pattern_utils, rope_forms,
-    rope_kvcache_fusion, scatter_split_replace,
+    rope_kvcache_fusion, scatter_split_replace, split_coalescing,
 )
 from mla_fuse.passes.fx_utils import call_args, is_op
 from mla_fuse_conformance.compile_passes.layers import inverse_rope
@@ -139,6 +139,30 @@ def _scatter_deleted_under_its_readers(scattered):
         if user is not resplit:
             user.replace_input_with(scattered, base)
     return resplit
+
+
+def _resplit_among_other_splits(scattered):
+    """Other splits of the scattered buffer (other sizes) are taken for duplicates of its re-split, and the
+    scatter chain is dropped under them: they are pointed at the buffer as it was before the scatters."""
+    splits = [user for user in scattered.users if is_op(user, scatter_split_replace.SPLIT)]
+    if not splits or len(splits) != len(scattered.users):
+        return None
+    base = scattered
+    while is_op(base, scatter_split_replace.SLICE_SCATTER):
+        base = base.args[0]
+    for other in splits[1:]:
+        other.replace_input_with(scattered, base)
+    return splits[0]
+
+
+_SPLIT_KEY = split_coalescing.SplitCoalescingPattern.key
+
+
+def _split_key_without_dim(split):
+    """vLLM's SplitCoalescingPass bug (vllm-project/vllm#57299): splits keyed by tensor and sizes only, so
+    two splits of one tensor along different dims are merged into the first."""
+    source, sizes, _ = _SPLIT_KEY(split)
+    return source, sizes
 
 
 def _no_foreign_readers(*args, **kwargs):
@@ -311,6 +335,13 @@ PASS_MUTANTS = {m.name: m for m in [
     PassMutant("deletes_a_scatter_with_other_readers", "an intermediate with other users deleted",
                _patches((scatter_split_replace.ScatterSplitReplacementPattern, "sole_resplit",
                          staticmethod(_scatter_deleted_under_its_readers)))),
+    PassMutant("drops_a_scatter_read_by_another_split", "an intermediate with other users deleted (a second "
+               "split of the scattered buffer)",
+               _patches((scatter_split_replace.ScatterSplitReplacementPattern, "sole_resplit",
+                         staticmethod(_resplit_among_other_splits)))),
+    PassMutant("merges_splits_along_different_dims", "Duplicate splits merged although they split along "
+               "different dims", _patches((split_coalescing.SplitCoalescingPattern, "key",
+                                           staticmethod(_split_key_without_dim)))),
     PassMutant("writes_layer_0s_cache", "one layer's cache used for another",
                _patches((_MLA_PATTERN, "replacement", _first_layer_of_its_kind(_MLA_PATTERN.replacement)),
                         (_MHA_PATTERN, "replacement", _first_layer_of_its_kind(_MHA_PATTERN.replacement)))),

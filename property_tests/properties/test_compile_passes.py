@@ -75,6 +75,13 @@ EXPLICIT = [
     CompileCase(ModelSpec(("mla",), ("plain",)), kv_cache_dtype="fp8_e5m2", fp8_storage="float8",
                 settings=FusionSettings(fusable_kv_cache_dtypes=("auto", "fp8"))),
     CompileCase(ModelSpec(("mha", "mla"), ("plain", "plain"), rope="native"), settings=FusionSettings(level=1)),
+    # graph shapes the utility passes meet (docs/PASSES.md, "Situations and graph shapes"): duplicate splits
+    # of one tensor along the same dim (the re-splits of a packed qkv after the custom-op rope) and along two
+    # dims, fused;
+    CompileCase(ModelSpec(("mha", "mla"), ("splits_along_two_dims",) * 2)),
+    # a second split of a scattered buffer; the other readers in the layer kinds the examples above lack
+    CompileCase(ModelSpec(("mha", "mla"), ("second_split_reader",) * 2, is_neox=True), CacheLayout("chunked", "flash")),
+    CompileCase(ModelSpec(("mla", "mha", "mha"), ("second_reader", "pre_rotation_reader", "unsupported_rope"))),
     # the real path: Inductor, dynamic tokens, K/V views of one tensor in an HND pool, one FX cache hit
     CompileCase(ModelSpec(("mla", "mha"), ("plain", "plain"), rope="deepseek_native", is_neox=True),
                 CacheLayout("chunked", "flash", hnd=True), "fp8", fp8_storage="float8", tokens=4, second_tokens=6,
