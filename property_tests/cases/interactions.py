@@ -5,9 +5,9 @@ case has every feature but small sizes. A bug that needs a size past a boundary 
 cache with a non-unit scale, or two sizes whose product passes a tile, is in neither. This module
 pairs them. An operation's *parameters* are:
 
-* ``size``: one of ``size_levels(operation)``: each dimension's first and last crossing
-  (``boundaries.sizes``), and the products a kernel may tile (``PRODUCTS``: heads x rotary pairs,
-  KV heads x head size, tokens x heads) at the presets' largest product;
+* ``size``: one of ``size_levels(operation)``: each dimension's first and last crossing past a
+  power of two (``boundaries.sizes``), and the products a kernel may tile (``PRODUCTS``: heads x
+  rotary pairs, KV heads x head size at the presets' largest; tokens x heads past 2^16);
 * every ``features.AXES`` axis that applies to the operation and has values a case can be moved
   to (``Axis.set``, or ``EXTRA_SETTERS`` for the values the conformance map never moves to).
 
@@ -30,7 +30,7 @@ from mla_fuse_conformance.cases.features import AXES, Axis, axes_for
 from mla_fuse_conformance.cases.interaction_rows import ROWS
 from mla_fuse_conformance.cases.types import FlashCase, MlaCase, Placement, RopeCase, ScaleSpec
 from mla_fuse_conformance.declarations.operations import FAMILY_OF_OPERATION, ROTATING_OPERATIONS
-from mla_fuse_conformance.declarations.presets import PRESETS, SERVING
+from mla_fuse_conformance.declarations.presets import PRESETS, SERVING, largest
 
 replace = dataclasses.replace
 SIZE = "size"
@@ -64,12 +64,14 @@ def _pairs_of(dimension: str, size: int) -> int:
 
 def _largest_product(operation: str, first: str, second: str) -> tuple[int, int]:
     """The factors of the largest ``first x second`` (rotary pairs for ``rotary_dim``) of any
-    preset at TP 1 whose attention the operation serves; tokens are the prefill chunk."""
+    preset at TP 1 whose attention the operation serves. Tokens x heads: the largest decode batch
+    plus one token, with the most heads: past 2^16 (CUDA's 65,535 programs in grid y or z for one
+    program per token and head) at a 32nd of the cost of a prefill chunk's."""
     candidates = []
     for preset in PRESETS.values():
         if preset.attention not in FAMILY_ATTENTION[FAMILY_OF_OPERATION[operation]]:
             continue
-        sizes = dict(preset.per_rank(1), tokens=SERVING.prefill_chunk)
+        sizes = dict(preset.per_rank(1), tokens=SERVING.decode_tokens[1] + 1)
         if first in sizes and second in sizes:
             a, b = sizes[first], sizes[second]
             candidates.append((_pairs_of(first, a) * _pairs_of(second, b), a, b))
@@ -77,13 +79,19 @@ def _largest_product(operation: str, first: str, second: str) -> tuple[int, int]
     return a, b
 
 
+def _crossed(dimension: str) -> tuple[int, int]:
+    """A dimension's first and last crossing past a power of two (tokens: past the prefill chunk,
+    not the grid limit's 65,537, which the boundary cases cross at four times the cost)."""
+    crossed = [size for size in boundaries.sizes(dimension) if dimension != "tokens" or size <= largest("tokens") + 1]
+    return crossed[0], crossed[-1]
+
+
 def size_levels(operation: str) -> tuple[Level, ...]:
     """The first and last crossing of each dimension of ``operation``, then its tiled products."""
     dimensions = boundaries.CROSSINGS[operation]
     levels = []
     for dimension in dimensions:
-        crossed = boundaries.sizes(dimension)
-        levels += [Level(f"{dimension} {size}", ((dimension, size),)) for size in sorted({crossed[0], crossed[-1]})]
+        levels += [Level(f"{dimension} {size}", ((dimension, size),)) for size in sorted(set(_crossed(dimension)))]
     for name, (first, second) in PRODUCTS.items():
         if first in dimensions and second in dimensions:
             a, b = _largest_product(operation, first, second)
