@@ -11,9 +11,9 @@ pairs them. An operation's *parameters* are:
 * every ``features.AXES`` axis that applies to the operation and has values a case can be moved
   to (``Axis.set``, or ``EXTRA_SETTERS`` for the values the conformance map never moves to).
 
-A *row* assigns a value to some parameters; ``build(operation, row, seed)`` turns it into a case
-(the crossing's case, then each axis value in ``AXES`` order) or None where the values cannot
-meet (heads ``1`` with 129 heads). ``cover(operation)`` is a deterministic greedy covering array
+A *row* assigns a value to some parameters; ``build(Design.of(operation), row, seed)`` turns it
+into a case (the crossing's case, then each axis value in ``AXES`` order) or None where the values
+cannot meet (heads ``1`` with 129 heads). ``cover_rows(operation)`` is a deterministic greedy covering array
 of strength 2: every pair of parameter values that one case can hold is held by some case.
 ``ci/generate_interactions.py`` writes its rows to ``interaction_rows.py`` (committed data;
 ``tests/test_interactions.py`` checks it is current); ``interaction_cases(operation)`` builds them
@@ -177,12 +177,24 @@ def _minimal(operation: str, seed: int):
     return boundaries.crossing_case(operation, "tokens", 3, seed)
 
 
-def build(operation: str, row: dict[str, str], seed: int = 1):
+@dataclasses.dataclass(frozen=True)
+class Design:
+    """An operation's parameters and size levels, computed once for the functions below."""
+
+    operation: str
+    levels: tuple[Level, ...]
+    parameters: dict[str, tuple[str, ...]]
+
+    @classmethod
+    def of(cls, operation: str) -> "Design":
+        return cls(operation, size_levels(operation), parameters(operation))
+
+
+def build(design: Design, row: dict[str, str], seed: int = 1):
     """The case ``row`` describes (parameters it leaves out keep the crossing's minimal value), or
     None where its values cannot meet in one case."""
-    levels = {level.name: level for level in size_levels(operation)}
-    level = levels.get(row.get(SIZE))
-    case = _sized(operation, level, seed) if level else _minimal(operation, seed)
+    level = next((level for level in design.levels if level.name == row.get(SIZE)), None)
+    case = _sized(design.operation, level, seed) if level else _minimal(design.operation, seed)
     axes = [axis for axis in AXES if axis.name in row]
     for axis in axes:
         case = _set(axis, case, row[axis.name])
@@ -205,11 +217,11 @@ def _consistent(case) -> bool:
 # ---------------------------------------------------------------- coverage
 
 
-def values_of(case, operation: str) -> dict[str, str]:
-    """The case's value of each parameter of ``operation`` that applies to it."""
-    names = parameters(operation)
+def values_of(case, design: Design) -> dict[str, str]:
+    """The case's value of each parameter of the design that applies to it."""
+    names = design.parameters
     found = {}
-    for level in reversed(size_levels(operation)):  # the most specific first: kv_heads 17 sets heads 17 too
+    for level in reversed(design.levels):  # the most specific first: kv_heads 17 sets heads 17 too
         if all(_dimension(case, d) == size for d, size in level.sizes):
             found[SIZE] = level.name
             break
@@ -224,43 +236,44 @@ def pairs_held(values: dict[str, str]) -> set[tuple[tuple[str, str], tuple[str, 
     return set(itertools.combinations(sorted(values.items()), 2))
 
 
-def starting_row(operation: str, pair) -> dict[str, str] | None:
+def starting_row(design: Design, pair) -> dict[str, str] | None:
     """The smallest row holding ``pair`` that builds: the pair alone, or with one more parameter
     value that lets it apply (a scale needs an fp8 cache; a float32 cache, float32 inputs)."""
     row = dict(pair)
-    if build(operation, row) is not None:
+    if build(design, row) is not None:
         return row
-    for name, values in parameters(operation).items():
+    for name, values in design.parameters.items():
         for value in values if name in ENABLING_AXES and name not in row else ():
-            if build(operation, dict(row, **{name: value})) is not None:
+            if build(design, dict(row, **{name: value})) is not None:
                 return dict(row, **{name: value})
     return None
 
 
-def feasible_pairs(operation: str) -> list[tuple[tuple[str, str], tuple[str, str]]]:
-    """Every pair of parameter values (sorted) that one case of ``operation`` can hold."""
-    items = sorted((name, value) for name, values in parameters(operation).items() for value in values)
+def feasible_pairs(design: Design) -> list[tuple[tuple[str, str], tuple[str, str]]]:
+    """Every pair of parameter values (sorted) that one case of the design can hold."""
+    items = sorted((name, value) for name, values in design.parameters.items() for value in values)
     return [(a, b) for a, b in itertools.combinations(items, 2)
-            if a[0] != b[0] and starting_row(operation, (a, b)) is not None]
+            if a[0] != b[0] and starting_row(design, (a, b)) is not None]
 
 
 def pair_coverage(cases, operation: str) -> dict:
     """``{"strength": 2, "covered": N, "total": M, "missing": [...]}``: of the ``M`` pairs of
     parameter values one case of ``operation`` can hold, ``N`` are held by some of ``cases``;
     ``missing`` lists the others as ``"size heads 129 + kv_cache_dtype fp8"``."""
+    design = Design.of(operation)
     held = set()
     for case in cases:
-        held |= pairs_held(values_of(case, operation))
-    total = feasible_pairs(operation)
+        held |= pairs_held(values_of(case, design))
+    total = feasible_pairs(design)
     missing = [f"{a[0]} {a[1]} + {b[0]} {b[1]}" for a, b in total if (a, b) not in held]
     return {"strength": 2, "covered": len(total) - len(missing), "total": len(total), "missing": missing}
 
 
 def interaction_cases(operation: str) -> list:
     """The committed covering array of ``operation`` (``interaction_rows.ROWS``) as cases."""
-    cases = []
+    design, cases = Design.of(operation), []
     for seed, row in enumerate(ROWS[operation], start=1):
-        case = build(operation, dict(row), seed)
+        case = build(design, dict(row), seed)
         if case is None:
             raise ValueError(f"interaction_rows.ROWS[{operation!r}] row {seed} no longer builds: "
                              "regenerate it with `python ci/generate_interactions.py`")
@@ -271,6 +284,7 @@ def interaction_cases(operation: str) -> list:
 def cover_rows(operation: str) -> list[dict[str, str]]:
     """A covering array of strength 2 over ``parameters(operation)`` (``covering.cover``): what
     ``ci/generate_interactions.py`` commits as ``interaction_rows.ROWS[operation]``."""
-    return covering.cover(parameters(operation), lambda row: build(operation, row),
-                          lambda case: pairs_held(values_of(case, operation)), feasible_pairs(operation),
-                          lambda pair: starting_row(operation, pair))
+    design = Design.of(operation)
+    return covering.cover(design.parameters, lambda row: build(design, row),
+                          lambda case: pairs_held(values_of(case, design)), feasible_pairs(design),
+                          lambda pair: starting_row(design, pair))
