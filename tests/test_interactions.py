@@ -1,6 +1,6 @@
 """The covering arrays of interactions (``cases/interactions.py``): current, complete, and sized.
 
-The committed rows (``cases/interaction_rows.py``) must be what ``ci/generate_interactions.py``
+The committed rows (``cases/interaction_rows.json``) must be what ``ci/generate_interactions.py``
 writes today; the cases built from them must hold every pair of parameter values one case can hold;
 the product levels must pass the tiles the single-dimension crossings stay below.
 """
@@ -15,7 +15,6 @@ import pytest
 
 from mla_fuse_conformance.cases import covering, interactions
 from mla_fuse_conformance.cases.boundaries import crossings
-from mla_fuse_conformance.cases.interaction_rows import ROWS
 from mla_fuse_conformance.declarations.operations import OPERATIONS
 
 GENERATOR = pathlib.Path(__file__).parents[1] / "ci" / "generate_interactions.py"
@@ -31,14 +30,13 @@ def _generator():
 @pytest.mark.parametrize("operation", OPERATIONS)
 def test_committed_rows_are_current(operation):
     rows = interactions.cover_rows(operation)
-    assert ROWS[operation] == tuple(tuple(row.items()) for row in rows), (
-        f"cases/interaction_rows.py is stale for {operation}: run `python ci/generate_interactions.py`")
+    assert interactions.committed_rows(operation) == rows, (
+        f"cases/interaction_rows.json is stale for {operation}: run `python ci/generate_interactions.py`")
 
 
 def test_generator_writes_the_committed_module():
-    rows = {operation: [dict(row) for row in ROWS[operation]] for operation in OPERATIONS}
-    committed = pathlib.Path(interactions.__file__).with_name("interaction_rows.py").read_text()
-    assert _generator().render(rows) == committed
+    rows = {operation: interactions.committed_rows(operation) for operation in OPERATIONS}
+    assert _generator().render(rows) == interactions.ROWS_FILE.read_text()
 
 
 @pytest.mark.parametrize("operation", OPERATIONS)

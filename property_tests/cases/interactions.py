@@ -15,7 +15,7 @@ A *row* assigns a value to some parameters; ``build(Design.of(operation), row, s
 into a case (the crossing's case, then each axis value in ``AXES`` order) or None where the values
 cannot meet (heads ``1`` with 129 heads). ``cover_rows(operation)`` is a deterministic greedy covering array
 of strength 2: every pair of parameter values that one case can hold is held by some case.
-``ci/generate_interactions.py`` writes its rows to ``interaction_rows.py`` (committed data;
+``ci/generate_interactions.py`` writes its rows to ``interaction_rows.json`` (committed data;
 ``tests/test_interactions.py`` checks it is current); ``interaction_cases(operation)`` builds them
 and ``pair_coverage(cases, operation)`` says which pairs some case holds.
 """
@@ -24,16 +24,18 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
+import pathlib
 
 from mla_fuse_conformance.cases import boundaries, covering
 from mla_fuse_conformance.cases.features import AXES, Axis, axes_for
-from mla_fuse_conformance.cases.interaction_rows import ROWS
 from mla_fuse_conformance.cases.types import FlashCase, MlaCase, Placement, RopeCase, ScaleSpec
 from mla_fuse_conformance.declarations.operations import FAMILY_OF_OPERATION, ROTATING_OPERATIONS
 from mla_fuse_conformance.declarations.presets import PRESETS, SERVING, largest
 
 replace = dataclasses.replace
 SIZE = "size"
+ROWS_FILE = pathlib.Path(__file__).with_name("interaction_rows.json")  # ci/generate_interactions.py writes it
 # name -> the two dimensions a kernel may tile as one (rotary pairs: rotary_dim / 2)
 PRODUCTS = {
     "heads x rotary pairs": ("heads", "rotary_dim"),
@@ -269,13 +271,19 @@ def pair_coverage(cases, operation: str) -> dict:
     return {"strength": 2, "covered": len(total) - len(missing), "total": len(total), "missing": missing}
 
 
+def committed_rows(operation: str) -> list[dict[str, str]]:
+    """The covering array of ``operation`` as committed in ``interaction_rows.json``."""
+    rows = json.loads(ROWS_FILE.read_text())["rows"][operation]
+    return [dict(row) for row in rows]
+
+
 def interaction_cases(operation: str) -> list:
-    """The committed covering array of ``operation`` (``interaction_rows.ROWS``) as cases."""
+    """The committed covering array of ``operation`` as cases."""
     design, cases = Design.of(operation), []
-    for seed, row in enumerate(ROWS[operation], start=1):
-        case = build(design, dict(row), seed)
+    for seed, row in enumerate(committed_rows(operation), start=1):
+        case = build(design, row, seed)
         if case is None:
-            raise ValueError(f"interaction_rows.ROWS[{operation!r}] row {seed} no longer builds: "
+            raise ValueError(f"interaction_rows.json: row {seed} of {operation} no longer builds: "
                              "regenerate it with `python ci/generate_interactions.py`")
         cases.append(case)
     return cases
@@ -283,7 +291,7 @@ def interaction_cases(operation: str) -> list:
 
 def cover_rows(operation: str) -> list[dict[str, str]]:
     """A covering array of strength 2 over ``parameters(operation)`` (``covering.cover``): what
-    ``ci/generate_interactions.py`` commits as ``interaction_rows.ROWS[operation]``."""
+    ``ci/generate_interactions.py`` commits in ``interaction_rows.json``."""
     design = Design.of(operation)
     return covering.cover(design.parameters, lambda row: build(design, row),
                           lambda case: pairs_held(values_of(case, design)), feasible_pairs(design),
