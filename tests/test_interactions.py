@@ -59,7 +59,7 @@ def test_coverage_names_what_is_missing():
 def test_a_size_crossing_meets_an_fp8_cache_with_a_scale(operation):
     cases = interactions.interaction_cases(operation)
     design = interactions.Design.of(operation)
-    assert any(case.tokens > 4096 and interactions.values_of(case, design).get("scale") == "other"
+    assert any(case.tokens > 512 and interactions.values_of(case, design).get("scale") == "other"
                for case in cases)
 
 

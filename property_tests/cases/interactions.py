@@ -6,7 +6,7 @@ cache with a non-unit scale, or two sizes whose product passes a tile, is in nei
 pairs them. An operation's *parameters* are:
 
 * ``size``: one of ``size_levels(operation)``: each dimension's first and last crossing past a
-  power of two (``boundaries.sizes``), and the products a kernel may tile (``PRODUCTS``: heads x
+  power of two (``boundaries.sizes``; tokens up to 513, past the largest decode batch), and the products a kernel may tile (``PRODUCTS``: heads x
   rotary pairs, KV heads x head size at the presets' largest; tokens x heads past 2^16);
 * every ``features.AXES`` axis that applies to the operation and has values a case can be moved
   to (``Axis.set``, or ``EXTRA_SETTERS`` for the values the conformance map never moves to).
@@ -31,7 +31,7 @@ from mla_fuse_conformance.cases import boundaries, covering
 from mla_fuse_conformance.cases.features import AXES, Axis, axes_for
 from mla_fuse_conformance.cases.types import FlashCase, MlaCase, Placement, RopeCase, ScaleSpec
 from mla_fuse_conformance.declarations.operations import FAMILY_OF_OPERATION, ROTATING_OPERATIONS
-from mla_fuse_conformance.declarations.presets import PRESETS, SERVING, largest
+from mla_fuse_conformance.declarations.presets import PRESETS, SERVING
 
 replace = dataclasses.replace
 SIZE = "size"
@@ -82,9 +82,11 @@ def _largest_product(operation: str, first: str, second: str) -> tuple[int, int]
 
 
 def _crossed(dimension: str) -> tuple[int, int]:
-    """A dimension's first and last crossing past a power of two (tokens: past the prefill chunk,
-    not the grid limit's 65,537, which the boundary cases cross at four times the cost)."""
-    crossed = [size for size in boundaries.sizes(dimension) if dimension != "tokens" or size <= largest("tokens") + 1]
+    """A dimension's first and last crossing past a power of two. Tokens: past the largest decode
+    batch (513): the prefill-sized crossings (4,097 to 65,537) cost seconds per case with an fp8
+    cache and stay one dimension at a time (``boundaries.py``)."""
+    top = SERVING.decode_tokens[1] + 1 if dimension == "tokens" else None
+    crossed = [size for size in boundaries.sizes(dimension) if top is None or size <= top]
     return crossed[0], crossed[-1]
 
 

@@ -66,7 +66,7 @@ BUG_CLASSES: dict[str, tuple[str, str]] = {
     "fp8_ties_away_from_zero": ("fp8", "ties rounded away from zero instead of to even"),
     "fp8_nan_to_zero": ("fp8", "NaN encoded as zero"),
     "rope_after_quantization": ("fp8", "rope applied to already quantized k"),
-    "fp8_scale_dropped_past_4096_tokens": ("fp8", "a second path for launches past 4096 tokens treats the scale as 1"),
+    "fp8_scale_dropped_past_512_tokens": ("fp8", "a second path for launches past 512 tokens treats the scale as 1"),
     # Strides and aliasing
     "token_stride_ignored": ("Strides and aliasing", "token stride of q/k/kv_c assumed packed"),
     "one_head_stride_for_q_and_k": ("Strides and aliasing", "one head stride (the smaller) used for q and k"),
