@@ -51,7 +51,7 @@ def test_coverage_names_what_is_missing():
     operation = "concat_and_cache_mla"
     coverage = interactions.pair_coverage(crossings(operation), operation)
     assert 0 < coverage["covered"] < coverage["total"]
-    assert "kv_cache_dtype fp8 + size tokens 16385" in coverage["missing"]
+    assert "kv_cache_dtype fp8 + size tokens 513" in coverage["missing"]
     assert len(coverage["missing"]) == coverage["total"] - coverage["covered"]
 
 

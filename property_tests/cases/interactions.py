@@ -6,15 +6,16 @@ cache with a non-unit scale, or two sizes whose product passes a tile, is in nei
 pairs them. An operation's *parameters* are:
 
 * ``size``: one of ``size_levels(operation)``: each dimension's first and last crossing past a
-  power of two (``boundaries.sizes``; tokens up to 513, past the largest decode batch), and the products a kernel may tile (``PRODUCTS``: heads x
-  rotary pairs, KV heads x head size at the presets' largest; tokens x heads past 2^16);
+  power of two (``boundaries.sizes``; tokens up to 513, past the largest decode batch), and the
+  products a kernel may tile (``PRODUCTS``: heads x rotary pairs, KV heads x head size at the
+  presets' largest; tokens x heads past 2^16);
 * every ``features.AXES`` axis that applies to the operation and has values a case can be moved
   to (``Axis.set``, or ``EXTRA_SETTERS`` for the values the conformance map never moves to).
 
 A *row* assigns a value to some parameters; ``build(Design.of(operation), row, seed)`` turns it
 into a case (the crossing's case, then each axis value in ``AXES`` order) or None where the values
-cannot meet (heads ``1`` with 129 heads). ``cover_rows(operation)`` is a deterministic greedy covering array
-of strength 2: every pair of parameter values that one case can hold is held by some case.
+cannot meet (heads ``1`` with 129 heads). ``cover_rows(operation)`` is a deterministic greedy
+covering array of strength 2: every pair of parameter values that one case can hold is held by some case.
 ``ci/generate_interactions.py`` writes its rows to ``interaction_rows.json`` (committed data;
 ``tests/test_interactions.py`` checks it is current); ``interaction_cases(operation)`` builds them
 and ``pair_coverage(cases, operation)`` says which pairs some case holds.

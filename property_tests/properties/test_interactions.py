@@ -1,4 +1,5 @@
-"""Every operation where two conditions meet: each feature value with each size crossing (``cases/interactions.py``).
+"""Every operation where two conditions meet: each feature value with each size crossing
+(``cases/interactions.py``).
 
 Each test runs, as explicit examples, a covering array of strength 2 over the operation's
 parameters: the first and last crossing of each dimension and the products a kernel may tile
@@ -23,7 +24,8 @@ def covering(operation):
     """The covering array of ``operation`` as explicit examples, nothing else under pytest (the
     strategy, for a fuzzer or the mutation self-test, draws from the same cases)."""
     cases = interaction_cases(operation)
-    return lambda test: examples(cases)(settings(phases=(Phase.explicit,))(given(case=st.sampled_from(cases))(test)))
+    explicit_only = settings(phases=(Phase.explicit,))
+    return lambda test: examples(cases)(explicit_only(given(case=st.sampled_from(cases))(test)))
 
 
 @pytest.mark.mla_fuse(ROTARY)
