@@ -48,6 +48,12 @@ ORDER = [
     "test_real_sizes:test_rotary_embedding_at_real_sizes",
     "test_real_sizes:test_mla_cache_write_at_real_sizes",
     "test_real_sizes:test_flash_cache_write_at_real_sizes",
+    # interactions: each feature value with each size crossing (a product past a tile, fp8 past a size)
+    "test_interactions:test_fused_mla_interactions",
+    "test_interactions:test_fused_flash_interactions",
+    "test_interactions:test_rotary_embedding_interactions",
+    "test_interactions:test_mla_cache_write_interactions",
+    "test_interactions:test_flash_cache_write_interactions",
 ]
 
 

@@ -119,18 +119,21 @@ def _flash(dimension: str, size: int, seed: int, fused: bool) -> FlashCase:
     return dataclasses.replace(case, **{dimension: size})
 
 
+def crossing_case(operation: str, dimension: str, size: int, seed: int):
+    """``operation``'s case with ``dimension`` at ``size`` and every other size minimal."""
+    family = FAMILY_OF_OPERATION[operation]
+    if family == "rope":
+        return _rope(dimension, size, seed)
+    if family == "mla":
+        return _mla(dimension, size, seed, operation in FUSED_OPERATIONS)
+    return _flash(dimension, size, seed, operation in FUSED_OPERATIONS)
+
+
 def crossings(operation: str) -> list:
     """For each dimension of ``operation``, a case just past each power of two in it, every other
     size minimal (in ``CROSSINGS`` order, smallest first)."""
-    family = FAMILY_OF_OPERATION[operation]
     cases = []
     for dimension in CROSSINGS[operation]:
         for size in sizes(dimension):
-            seed = len(cases) + 1
-            if family == "rope":
-                cases.append(_rope(dimension, size, seed))
-            elif family == "mla":
-                cases.append(_mla(dimension, size, seed, operation in FUSED_OPERATIONS))
-            else:
-                cases.append(_flash(dimension, size, seed, operation in FUSED_OPERATIONS))
+            cases.append(crossing_case(operation, dimension, size, len(cases) + 1))
     return cases

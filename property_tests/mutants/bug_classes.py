@@ -35,6 +35,8 @@ BUG_CLASSES: dict[str, tuple[str, str]] = {
     "entry_tile_256_without_loop": ("Real-model sizes", "columns past 256 of a cache entry's row not written"),
     "token_grid_capped_at_65535": ("Real-model sizes", "tokens past 65,535 (CUDA grid y/z) not processed"),
     "positions_narrowed_to_16_bits": ("Real-model sizes", "positions read as uint16: 65,536 and above wrap"),
+    "heads_x_pairs_tile_2048_without_loop": ("Real-model sizes",
+                                             "(head, pair) past the first 2048 of heads x rotary pairs not rotated"),
     # Positions and indices
     "positions_read_as_int32": ("Positions and indices", "int64 positions read through an int32 pointer"),
     "positions_flattened": ("Positions and indices", "positions of another shape silently flattened"),
@@ -64,6 +66,7 @@ BUG_CLASSES: dict[str, tuple[str, str]] = {
     "fp8_ties_away_from_zero": ("fp8", "ties rounded away from zero instead of to even"),
     "fp8_nan_to_zero": ("fp8", "NaN encoded as zero"),
     "rope_after_quantization": ("fp8", "rope applied to already quantized k"),
+    "fp8_scale_dropped_past_512_tokens": ("fp8", "a second path for launches past 512 tokens treats the scale as 1"),
     # Strides and aliasing
     "token_stride_ignored": ("Strides and aliasing", "token stride of q/k/kv_c assumed packed"),
     "one_head_stride_for_q_and_k": ("Strides and aliasing", "one head stride (the smaller) used for q and k"),
@@ -84,6 +87,7 @@ APPROXIMATED = {
     "entry_tile_256_without_loop": "a kernel's fixed tile over an entry's columns, modelled likewise",
     "token_grid_capped_at_65535": "a grid dimension capped at CUDA's limit, modelled by dropping the rows past it",
     "positions_narrowed_to_16_bits": "a narrow position type in a kernel, modelled by reducing positions mod 2^16",
+    "heads_x_pairs_tile_2048_without_loop": "one tile over a head's pairs and the heads, modelled likewise",
 }
 
 #: Variants without a bug (other declarations, honoured): the suite must pass them.

@@ -8,6 +8,8 @@ import torch
 from mla_fuse import validation
 from mla_fuse_conformance.declarations.dtypes import FP8_FORMATS
 
+BULK_TOKENS = 512  # fp8_scale_dropped_past_512_tokens: launches past a decode batch take a second path
+
 FP8 = {  # format -> (torch float8 dtype, finite max, overflow code of a non-saturating cast)
     "e4m3": (torch.float8_e4m3fn, FP8_FORMATS["e4m3"], 0x7F),
     "e5m2": (torch.float8_e5m2, FP8_FORMATS["e5m2"], 0x7C),
@@ -50,6 +52,8 @@ class Fp8Stage:
         """What the cache stores for ``x``: fp8 codes, or the source bits."""
         if validation.fp8_format(kv_cache_dtype) is None:
             return x
+        if self.bug == "fp8_scale_dropped_past_512_tokens" and x.size(0) > BULK_TOKENS:
+            scale = torch.ones_like(scale)
         return self._quantize(x, scale, kv_cache_dtype)
 
     def _k_for_cache(self, original, rotated, positions, cos_sin_cache, is_neox, kv_cache_dtype, scale):

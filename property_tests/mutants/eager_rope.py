@@ -10,6 +10,7 @@ from mla_fuse_conformance.declarations.presets import SERVING
 UNPROCESSED_BLOCK = 16
 HEAD_TILE = 64  # heads_tile_64_without_loop
 PAIR_TILE = 32  # rotary_tile_32_pairs_without_loop
+HEADS_X_PAIRS_TILE = 2048  # heads_x_pairs_tile_2048_without_loop
 
 
 class RopeStage:
@@ -115,6 +116,10 @@ class RopeStage:
         keep = ~rows.to(x.device)[:, None, None]
         if self.bug == "heads_tile_64_without_loop":
             keep = keep | (torch.arange(num_heads, device=x.device) >= HEAD_TILE)[None, :, None]
+        if self.bug == "heads_x_pairs_tile_2048_without_loop":  # (head, pair) flattened into one tile
+            flat = torch.arange(num_heads, device=x.device)[:, None] * first.numel() + torch.arange(first.numel(),
+                                                                                                   device=x.device)
+            keep = keep | (flat >= HEADS_X_PAIRS_TILE)[None]
         new_a, new_b = torch.where(keep, x[..., first], new_a), torch.where(keep, x[..., second], new_b)
         if self.bug == "pairs_permuted_in_output" and not is_neox:
             pairs = torch.arange(rotary_dim // 2, device=x.device)
