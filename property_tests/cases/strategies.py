@@ -10,6 +10,7 @@ small plain fp32 table, an ``auto`` cache, unit scales.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 from hypothesis import strategies as st
@@ -74,17 +75,21 @@ def rope_cases(draw, max_tokens: int | None = None, min_tokens: int = 0) -> Rope
     place = placements(2 if layout == "packed" or rank == 2 else 3, always=layout != "separate")
     query_place = draw(place)
     key_place = draw(place) if layout == "separate" else Placement()
-    engine, places = draw(engine_views("rotary_embedding", "mha", dict(
-        tokens=tokens, heads=heads, kv_heads=kv_heads or 1, head_size=head_size, rotary_dim=rotary_dim)))
-    if engine is not None and kv_heads:  # an engine's q and k: columns of qkv, or heads sliced to the rotary width
-        query = next(v for v in engine.views if v.argument == "query" and "rotary_embedding" in v.operations)
-        rank, layout, query_place, key_place = len(query.shape), "separate", places["query"], places["key"]
-        head_size = rotary_dim if query.shape[-1] == "rotary_dim" else head_size
-    return RopeCase(
+    case = RopeCase(
         seed=draw(seeds), tokens=tokens, heads=heads, kv_heads=kv_heads, head_size=head_size, dtype=draw(dtypes),
         is_neox=draw(st.booleans()), table=draw(tables(rotary_dim)), positions=draw(position_specs()), rank=rank,
         qkv_packed=layout == "packed", query_place=query_place, key_place=key_place, values=draw(value_specs()),
         check_values=draw(st.booleans()))
+    # drawn last, so that the fields above are drawn as before they were added
+    engine, places = draw(engine_views("rotary_embedding", "mha", dict(
+        tokens=tokens, heads=heads, kv_heads=kv_heads or 1, head_size=head_size, rotary_dim=rotary_dim)))
+    if engine is None or not kv_heads:
+        return case
+    query = next(v for v in engine.views if v.argument == "query" and "rotary_embedding" in v.operations)
+    # an engine's q and k: [T, n*D] columns of qkv, or [T, n, R] heads sliced to the rotary width
+    return dataclasses.replace(case, rank=len(query.shape), qkv_packed=False, query_place=places["query"],
+                               key_place=places["key"],
+                               head_size=rotary_dim if query.shape[-1] == "rotary_dim" else head_size)
 
 
 @st.composite
@@ -105,24 +110,26 @@ def mla_cases(draw, fused: bool = True, max_tokens: int | None = None, min_token
     kv_cache_dtype, storage = draw(cache_formats(dtype))
     scale = draw(scale_specs())
     nope = draw(st.integers(0, lim.max_nope)) if fused else 0
-    q_place = draw(placements(3, inner_offset=nope)) if fused else Placement()
-    kv_packed, kv_c_place, k_pe_place = draw(st.booleans()), draw(placements(2)), draw(placements(2))
-    engine, places = draw(engine_views(operation, "mla", dict(
-        tokens=tokens, heads=heads, latent=latent, rotary_dim=rotary_dim, nope=nope)))
-    if engine is not None:
-        kv_packed, kv_c_place, k_pe_place = False, places["kv_c"], places["k_pe"]
-        q_place = places.get("q_pe", q_place) if fused else q_place
-    return MlaCase(
+    case = MlaCase(
         seed=draw(seeds), tokens=tokens, heads=heads, latent=latent, rotary_dim=rotary_dim, dtype=dtype,
         kv_cache_dtype=kv_cache_dtype, num_blocks=num_blocks, block_size=block_size,
         slots=draw(slot_specs(tokens, full_length=min_tokens > 0)),
         table=draw(tables(rotary_dim)) if fused else TableSpec("plain", rotary_dim, 1),
         is_neox=draw(st.booleans()) if fused else False, cache_storage=storage,
         positions=draw(position_specs()) if fused else PositionSpec(),
-        q_place=q_place, kv_packed=kv_packed, kv_c_place=kv_c_place, k_pe_place=k_pe_place,
+        q_place=draw(placements(3, inner_offset=nope)) if fused else Placement(),
+        kv_packed=draw(st.booleans()), kv_c_place=draw(placements(2)),
         cache_place=draw(cache_placements(3, permute_outer=True,
                                           block_elements=block_size * (latent + rotary_dim))),
         values=draw(value_specs(kv_cache_dtype, scale)), scale=scale, check_values=draw(st.booleans()))
+    # drawn last, so that the fields above are drawn as before they were added
+    case = dataclasses.replace(case, k_pe_place=draw(placements(2)))
+    engine, places = draw(engine_views(operation, "mla", dict(
+        tokens=tokens, heads=heads, latent=latent, rotary_dim=rotary_dim, nope=nope)))
+    if engine is None:
+        return case
+    return dataclasses.replace(case, kv_packed=False, kv_c_place=places["kv_c"], k_pe_place=places["k_pe"],
+                               q_place=places.get("q_pe", case.q_place) if fused else case.q_place)
 
 
 @st.composite
@@ -149,28 +156,31 @@ def flash_cases(draw, fused: bool = True, max_tokens: int | None = None, min_tok
     place = placements(2 if layout == "packed" else 3, always=layout != "separate")
     query_place = draw(place)
     key_place, value_place = (draw(place), draw(place)) if layout == "separate" else (Placement(), Placement())
-    kv_form = draw(st.sampled_from(tuple(KV_FORMS))) if value_head_size == head_size else "split"
-    engine, places = draw(engine_views(operation, "mha", dict(
-        tokens=tokens, heads=heads, kv_heads=kv_heads, head_size=head_size, value_head_size=value_head_size,
-        rotary_dim=rotary_dim)))
-    if engine is not None:  # q/k/v as [T, n, D] views of the qkv projection, or the caller's own tensors
-        layout, query_place = "separate", places.get("query", query_place)
-        key_place, value_place = places["key"], places["value"]
-        kv_form = engine.cache.kv if value_head_size == head_size else "split"
-    return FlashCase(
+    case = FlashCase(
         seed=draw(seeds), tokens=tokens, heads=heads, kv_heads=kv_heads, head_size=head_size,
         value_head_size=value_head_size, dtype=dtype, kv_cache_dtype=kv_cache_dtype, num_blocks=num_blocks,
         block_size=block_size, slots=draw(slot_specs(tokens, full_length=min_tokens > 0)),
         table=draw(tables(rotary_dim)) if fused else TableSpec("plain", rotary_dim, 1),
         is_neox=draw(st.booleans()) if fused else True, cache_storage=storage,
         cache_order=tuple(draw(st.permutations([0, 1, 2]))),
-        kv_form=kv_form,
+        kv_form="flashinfer" if value_head_size == head_size and draw(st.booleans()) else "split",
         positions=draw(position_specs()) if fused else PositionSpec(), qkv_packed=layout == "packed",
         query_place=query_place, key_place=key_place, value_place=value_place,
         cache_place=draw(cache_placements(4, permute_outer=False,
                                           block_elements=block_size * kv_heads * max(head_size, value_head_size))),
         values=draw(value_specs(kv_cache_dtype, k_scale)), value_values=draw(value_specs(kv_cache_dtype, v_scale)),
         k_scale=k_scale, v_scale=v_scale, check_values=draw(st.booleans()))
+    # drawn last, so that the fields above are drawn as before they were added
+    if case.kv_form != "split":  # one pool: K/V side by side per block, outermost, or per head row
+        case = dataclasses.replace(case, kv_form=draw(st.sampled_from(tuple(f for f in KV_FORMS if f != "split"))))
+    engine, places = draw(engine_views(operation, "mha", dict(
+        tokens=tokens, heads=heads, kv_heads=kv_heads, head_size=head_size, value_head_size=value_head_size,
+        rotary_dim=rotary_dim)))
+    if engine is None:  # else q/k/v as [T, n, D] views of the qkv projection, or the caller's own tensors
+        return case
+    return dataclasses.replace(
+        case, qkv_packed=False, query_place=places.get("query", case.query_place), key_place=places["key"],
+        value_place=places["value"], kv_form=engine.cache.kv if value_head_size == head_size else "split")
 
 
 def base_cases(operation: str):
