@@ -18,10 +18,9 @@ with one). The plugin adds them to these tests beside the suite's, under their o
 """
 
 import pytest
-from hypothesis import Phase, given, settings, strategies as st
+from hypothesis import given, strategies as st
 
 from mla_fuse_conformance.cases.deployment_cases import deployment_cases
-from mla_fuse_conformance.running.harness import examples
 
 ROTARY = "rotary_embedding"
 MLA_WRITE, MLA_FUSED = "concat_and_cache_mla", "concat_and_cache_mla_rope_fused"
@@ -31,13 +30,13 @@ UNSUPPORTED = "not supported (declared): "
 
 def in_deployments(operation):
     """The test run by pytest once per deployment of ``operation`` (parametrized by ``case``, id the
-    deployment's name); the same body with every deployment's case as hypothesis' explicit examples
-    (``test.hypothesis``: what ``harness.property_of``, a fuzzer and the mutation self-test run)."""
+    deployment's name), and the same body given the deployments' cases by hypothesis
+    (``test.hypothesis``: what ``harness.property_of``, the mutation self-test and a fuzzer run; a
+    ``sampled_from`` of a few cases is exhausted in as many examples, each deployment once)."""
     cases = deployment_cases(operation)
 
     def decorate(body):
-        explicit = examples(list(cases.values()))(
-            settings(phases=(Phase.explicit,))(given(case=st.sampled_from(list(cases.values())))(body)))
+        drawn = given(case=st.sampled_from(list(cases.values())))(body)
 
         def test(mla_fuse, case):
             skip_if_declared_outside(mla_fuse, case, operation)
@@ -45,8 +44,7 @@ def in_deployments(operation):
 
         test.__name__, test.__qualname__, test.__doc__ = body.__name__, body.__qualname__, body.__doc__
         test.__module__ = body.__module__
-        test.hypothesis = explicit.hypothesis
-        test.mla_fuse_examples = explicit.mla_fuse_examples
+        test.hypothesis = drawn.hypothesis
         return pytest.mark.parametrize("case", list(cases.values()), ids=list(cases))(test)
 
     return decorate
