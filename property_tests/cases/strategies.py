@@ -123,7 +123,8 @@ def mla_cases(draw, fused: bool = True, max_tokens: int | None = None, min_token
                                           block_elements=block_size * (latent + rotary_dim))),
         values=draw(value_specs(kv_cache_dtype, scale)), scale=scale, check_values=draw(st.booleans()))
     # drawn last, so that the fields above are drawn as before they were added
-    case = dataclasses.replace(case, k_pe_place=draw(placements(2)))
+    if not case.kv_packed:  # k_pe on its own: any placement, independent of kv_c's
+        case = dataclasses.replace(case, k_pe_place=draw(placements(2)))
     engine, places = draw(engine_views(operation, "mla", dict(
         tokens=tokens, heads=heads, latent=latent, rotary_dim=rotary_dim, nope=nope)))
     if engine is None:
