@@ -103,3 +103,31 @@ def test_the_layout_mutants_fail_where_their_conditions_meet(mutant, prop, faili
         prop.run(mutated, "cpu", case)
     if passing is not None:  # a decode batch into the same pool form: below the prefill path
         prop.run(mutated, "cpu", deployment_case(BY_NAME[passing], operation))
+
+
+ADAPTER = '''
+import dataclasses
+from mla_fuse_reference.adapter import ReferenceImplementation
+from mla_fuse_conformance.declarations.deployments import DEPLOYMENTS
+
+class Mine(ReferenceImplementation):
+    deployments = (dataclasses.replace(DEPLOYMENTS[-2], name="my-glm-prefill"),)
+
+class Wrong(ReferenceImplementation):
+    deployments = (dataclasses.replace(DEPLOYMENTS[-2], name="my-glm-prefill", heads=3),)
+'''
+
+
+def test_an_adapters_deployments_run_beside_the_suites(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "my_adapter.py").write_text(ADAPTER)
+    command = [sys.executable, "-m", "pytest", "--pyargs", "mla_fuse_conformance.properties.test_deployments",
+               "--collect-only", "-q", "-p", "no:randomly", "-p", "no:cacheprovider"]
+    mine = subprocess.run([*command, "--mla-fuse-impl=my_adapter:Mine"], cwd=tmp_path, capture_output=True, text=True)
+    assert "test_reshape_and_cache_flash_in_deployment[my-glm-prefill]" in mine.stdout, mine.stdout + mine.stderr
+    assert "test_reshape_and_cache_flash_in_deployment[glm-4-9b-tp1-bf16-vllm-flash-prefill]" in mine.stdout
+    wrong = subprocess.run([*command, "--mla-fuse-impl=my_adapter:Wrong"], cwd=tmp_path, capture_output=True,
+                           text=True)
+    assert wrong.returncode != 0 and "my-glm-prefill: heads 3, kv_heads 2: per_rank(1)" in wrong.stdout + wrong.stderr

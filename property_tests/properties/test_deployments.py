@@ -14,7 +14,8 @@ the node ids and these reasons), not moved inside them as random cases are.
 
 A user's own deployments: an adapter attribute ``deployments = (Deployment(...), ...)``
 (``mla_fuse_conformance.declarations.deployments.Deployment``; ``problems_of`` says what is wrong
-with one). The plugin adds them to these tests beside the suite's, under their own names.
+with one): the plugin checks them and runs them in these tests beside the suite's, under their own
+names (``pytest_generate_tests``). ``deployments.cpu_elements`` says what one example allocates.
 """
 
 import pytest
@@ -29,8 +30,9 @@ UNSUPPORTED = "not supported (declared): "
 
 
 def in_deployments(operation):
-    """The test run by pytest once per deployment of ``operation`` (parametrized by ``case``, id the
-    deployment's name), and the same body given the deployments' cases by hypothesis
+    """The test run by pytest once per deployment of ``operation`` (the plugin parametrizes ``case``,
+    id the deployment's name, the implementation's own deployments included: ``mla_fuse_deployments``
+    names the operation), and the same body given the suite's deployments' cases by hypothesis
     (``test.hypothesis``: what ``harness.property_of``, the mutation self-test and a fuzzer run; a
     ``sampled_from`` of a few cases is exhausted in as many examples, each deployment once)."""
     cases = deployment_cases(operation)
@@ -45,7 +47,8 @@ def in_deployments(operation):
         test.__name__, test.__qualname__, test.__doc__ = body.__name__, body.__qualname__, body.__doc__
         test.__module__ = body.__module__
         test.hypothesis = drawn.hypothesis
-        return pytest.mark.parametrize("case", list(cases.values()), ids=list(cases))(test)
+        test.mla_fuse_deployments = operation
+        return test
 
     return decorate
 
