@@ -298,16 +298,6 @@ def _power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
-def _shared_strides(args) -> dict[str, bool]:
-    """Whether two inputs a kernel may address alike have the same row (token) stride."""
-    out = {}
-    for first, second in (("kv_c", "k_pe"), ("query", "key"), ("key", "value")):
-        a, b = args.get(first), args.get(second)
-        if hasattr(a, "stride") and hasattr(b, "stride") and a.dim() and b.dim():
-            out[f"{first} row stride == {second} row stride"] = a.stride(0) == b.stride(0)
-    return out
-
-
 def relations(built) -> dict[str, bool]:
     """Derived yes/no facts of a built case (``cases.tensors.Built``): how each buffer's strides
     relate to its sizes, and the size relations a kernel may assume."""
@@ -331,7 +321,6 @@ def relations(built) -> dict[str, bool]:
         tensor = args.get(name)
         if tensor is not None and hasattr(tensor, "is_contiguous"):
             out[f"{name} contiguous"] = tensor.is_contiguous()
-    out.update(_shared_strides(args))
     slots = args.get("slot_mapping")
     if slots is not None:
         out["slot_mapping length == tokens"] = slots.numel() == case.tokens
