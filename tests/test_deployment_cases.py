@@ -5,6 +5,7 @@ checked, and the two mutants of layouts that meet in one call fail there and onl
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -107,6 +108,7 @@ def test_the_layout_mutants_fail_where_their_conditions_meet(mutant, prop, faili
 
 ADAPTER = '''
 import dataclasses
+import json
 from mla_fuse_reference.adapter import ReferenceImplementation
 from mla_fuse_conformance.declarations.deployments import DEPLOYMENTS
 
@@ -131,3 +133,17 @@ def test_an_adapters_deployments_run_beside_the_suites(tmp_path):
     wrong = subprocess.run([*command, "--mla-fuse-impl=my_adapter:Wrong"], cwd=tmp_path, capture_output=True,
                            text=True)
     assert wrong.returncode != 0 and "my-glm-prefill: heads 3, kv_heads 2: per_rank(1)" in wrong.stdout + wrong.stderr
+
+
+def test_cases_saved_before_the_placements_were_split_read_as_they_were_meant():
+    from mla_fuse_conformance.cases.types import Placement, from_json, to_jsonable
+
+    mla = deployment_case(BY_NAME["deepseek-v2-lite-tp1-bf16-vllm-decode"], MLA_WRITE)
+    old = {key: value for key, value in to_jsonable(mla).items() if key not in ("kv_c_place", "k_pe_place")}
+    old["kv_place"] = to_jsonable(Placement(pad=(1, 2), offset=(0, 1)))
+    read = from_json(json.dumps(old))
+    assert read.kv_c_place == read.k_pe_place == Placement(pad=(1, 2), offset=(0, 1))
+    flash = deployment_case(BY_NAME["qwen2.5-7b-tp1-bf16-vllm-flash-decode"], FLASH_WRITE)
+    old = {key: value for key, value in to_jsonable(flash).items() if key != "kv_form"}
+    assert from_json(json.dumps({**old, "shared_pool": True})).kv_form == "flashinfer"
+    assert from_json(json.dumps({**old, "shared_pool": False})).kv_form == "split"

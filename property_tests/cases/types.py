@@ -265,10 +265,21 @@ def to_jsonable(case) -> dict:
     return out
 
 
+# fields renamed since files were written: old name -> the new fields its (decoded) value gives
+LEGACY_FIELDS = {
+    "kv_place": lambda place: dict(kv_c_place=place, k_pe_place=place),  # one placement for both, before 0.4
+    "shared_pool": lambda shared: dict(kv_form="flashinfer" if shared else "split"),
+}
+
+
 def from_jsonable(data: dict):
-    """Inverse of ``to_jsonable``."""
+    """Inverse of ``to_jsonable`` (files written before a field was renamed read as they were meant)."""
     cls = CASE_TYPES[data["type"]]
     hints = typing.get_type_hints(cls)
+    for old, renamed in LEGACY_FIELDS.items():
+        if old in data and old not in hints:
+            value = data[old]
+            data = {**renamed(from_jsonable(value) if isinstance(value, dict) else value), **data}
     kwargs = {}
     for field in dataclasses.fields(cls):
         if field.name not in data:
