@@ -71,8 +71,8 @@ BUG_CLASSES: dict[str, tuple[str, str]] = {
     "one_head_stride_for_q_and_k": ("Strides and aliasing", "one head stride (the smaller) used for q and k"),
     "writes_to_copy": ("Strides and aliasing", "rope writes land in a contiguous copy"),
     "storage_offset_dropped": ("Strides and aliasing", "views addressed from storage offset 0"),
-    "k_pe_read_with_kv_c_row_stride": ("Strides and aliasing", "a contiguous kv_c's fast path reads a strided k_pe "
-                                       "with kv_c's row stride"),
+    "k_pe_read_with_kv_c_row_stride": ("Strides and aliasing", "a contiguous kv_c's fast path addresses a strided "
+                                       "k_pe with kv_c's row stride"),
     # Bad input (CONTRACT §4)
     "validates_after_writing": ("Padding and slots", "argument checks run after the writes"),
     "rotary_width_larger_than_head_accepted": ("RoPE geometry", "a table wider than the head accepted"),

@@ -21,8 +21,9 @@ class CacheWriteStage:
     bug = "none"
 
     def _k_pe_as_read(self, kv_c: torch.Tensor, k_pe: torch.Tensor) -> torch.Tensor:
-        """k_pe as the ``k_pe_read_with_kv_c_row_stride`` mutant reads it: where kv_c is contiguous and
-        k_pe is not, with kv_c's row stride (rows that would run past k_pe's storage are left alone)."""
+        """k_pe as the ``k_pe_read_with_kv_c_row_stride`` mutant addresses it (reads it, and rotates it in
+        place in the fused op): where kv_c is contiguous and k_pe is not, with kv_c's row stride
+        (unchanged where that would run past k_pe's storage)."""
         if self.bug != "k_pe_read_with_kv_c_row_stride" or not kv_c.is_contiguous() or k_pe.is_contiguous():
             return k_pe
         stride = (kv_c.stride(0), k_pe.stride(1))
