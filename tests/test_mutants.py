@@ -49,8 +49,8 @@ ORDER = [
     "test_real_sizes:test_mla_cache_write_at_real_sizes",
     "test_real_sizes:test_flash_cache_write_at_real_sizes",
     # named deployments: conditions that meet in one engine call (layouts, sizes, fp8, batch kind)
-    "test_deployments:test_concat_and_cache_mla_rope_fused_in_deployment",
     "test_deployments:test_reshape_and_cache_flash_in_deployment",
+    "test_deployments:test_concat_and_cache_mla_rope_fused_in_deployment",
     "test_deployments:test_concat_and_cache_mla_in_deployment",
     "test_deployments:test_rotary_embedding_in_deployment",
 ]
