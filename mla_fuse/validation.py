@@ -461,8 +461,9 @@ def check_rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_n
         require_tensor(op, "key", key, ndim=(2, 3), dtypes=FLOAT_DTYPES)
         require_same_dtype(op, "query", query, key=key)
         require_same_tokens(op, positions=positions.size(0), query=query.size(0), key=key.size(0))
+    _heads_view_size(op, "query", query, head_size)  # query first: a head_size that fits neither names it
+    if key is not None:
         _heads_view_size(op, "key", key, head_size)
-    _heads_view_size(op, "query", query, head_size)
     check_cos_sin_cache(op, cos_sin_cache, query.dtype, None, head_size)
     check_is_neox(op, is_neox)
     require_same_device(op, positions=positions, query=query, key=key, cos_sin_cache=cos_sin_cache)

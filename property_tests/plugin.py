@@ -200,6 +200,29 @@ def pytest_report_collectionfinish(config, items):
 # ---------------------------------------------------------------- fixtures and failure files of the suite
 
 
+def pytest_generate_tests(metafunc):
+    """A deployment property (``properties/test_deployments.py``, marked by ``mla_fuse_deployments``)
+    runs once per deployment of its operation, the suite's and the implementation's own (its
+    ``deployments`` attribute, checked), each test id the deployment's name."""
+    operation = getattr(metafunc.function, "mla_fuse_deployments", None)
+    if operation is None:
+        return
+    from mla_fuse_conformance.cases.deployment_cases import DEPLOYMENTS, deployment_cases, user_deployments
+    from mla_fuse_conformance.contract.implementation import ImplementationError
+
+    try:
+        target = loaded_implementation(metafunc.config).target
+    except ImplementationError:
+        target = None  # the mla_fuse_impl fixture reports it
+    try:
+        theirs = user_deployments(target)
+    except ValueError as error:
+        raise pytest.UsageError(f"{metafunc.config.getoption('mla_fuse_impl') or 'the implementation'}: {error}") \
+            from None
+    cases = deployment_cases(operation, DEPLOYMENTS + theirs)
+    metafunc.parametrize("case", list(cases.values()), ids=list(cases))
+
+
 @pytest.fixture(scope="session")
 def mla_fuse_impl(request):
     """The implementation under test (``contract.implementation.Implementation``); each example

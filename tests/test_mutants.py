@@ -48,6 +48,11 @@ ORDER = [
     "test_real_sizes:test_rotary_embedding_at_real_sizes",
     "test_real_sizes:test_mla_cache_write_at_real_sizes",
     "test_real_sizes:test_flash_cache_write_at_real_sizes",
+    # named deployments: conditions that meet in one engine call (layouts, sizes, fp8, batch kind)
+    "test_deployments:test_reshape_and_cache_flash_in_deployment",
+    "test_deployments:test_concat_and_cache_mla_rope_fused_in_deployment",
+    "test_deployments:test_concat_and_cache_mla_in_deployment",
+    "test_deployments:test_rotary_embedding_in_deployment",
     # interactions: each feature value with each size crossing (a product past a tile, fp8 past a size)
     "test_interactions:test_fused_mla_interactions",
     "test_interactions:test_fused_flash_interactions",

@@ -96,7 +96,7 @@ def features(case) -> set[str]:
     if case.heads > case.kv_heads:
         found.add("GQA (H > Hkv)")
     found.add({(0, 1, 2): "cache NHD", (0, 2, 1): "cache HND"}.get(tuple(case.cache_order), "cache other order"))
-    if case.shared_pool:
+    if case.kv_form != "split":
         found.add("K and V caches in one pool")
     if case.qkv_packed:
         found.add("q/k/v slices of one qkv")

@@ -38,7 +38,7 @@ def set_fp8_storage(case, value):
 def cache_layout_of(case):
     if is_rope(case):
         return None
-    if getattr(case, "shared_pool", False):
+    if getattr(case, "kv_form", "split") != "split":
         return "K and V in one pool"
     return "contiguous" if case.cache_place.is_plain() else "view into a pool"
 
@@ -47,8 +47,8 @@ def set_cache_layout(case, value):
     if value == "view into a pool":
         return None
     if value == "K and V in one pool":
-        return replace(case, shared_pool=True, value_head_size=case.head_size) if isinstance(case, FlashCase) else None
-    return replace(case, cache_place=Placement(), shared_pool=False) if isinstance(case, FlashCase) else \
+        return replace(case, kv_form="flashinfer", value_head_size=case.head_size) if isinstance(case, FlashCase) else None
+    return replace(case, cache_place=Placement(), kv_form="split") if isinstance(case, FlashCase) else \
         replace(case, cache_place=Placement())
 
 
@@ -73,7 +73,7 @@ def value_head_size_of(case):
 def set_value_head_size(case, value):
     if value == "Dv = D":
         return replace(case, value_head_size=case.head_size)
-    return replace(case, value_head_size=case.head_size + 1, shared_pool=False)
+    return replace(case, value_head_size=case.head_size + 1, kv_form="split")
 
 
 def per_head_scales_of(case):

@@ -38,10 +38,13 @@ from typing import Callable
 import torch
 
 from mla_fuse.layers import LayerKVCache
+from mla_fuse_conformance.declarations.layout_types import KV_FORMS as ALL_KV_FORMS
+from mla_fuse_conformance.declarations.layout_types import NEW_KV_FORMS
 
 SENTINEL = 0x5A
 POOLS = ("separate", "chunked", "interleaved")
-KV_FORMS = ("flash", "flashinfer", "split")
+# the K/V forms (declarations.layout_types.KV_FORMS, the names the property cases use) built here
+KV_FORMS = tuple(form for form in ALL_KV_FORMS if form not in NEW_KV_FORMS)
 
 
 @dataclasses.dataclass(frozen=True)

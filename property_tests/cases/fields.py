@@ -27,6 +27,7 @@ import math
 import re
 
 from mla_fuse_conformance.cases.types import FlashCase, MlaCase, Placement, RopeCase
+from mla_fuse_conformance.declarations.layout_types import KV_FORMS
 
 _ELEMENT = re.compile(r"^(.*)\[(\d+)\]$")
 
@@ -42,7 +43,8 @@ STRINGS = {
     "kv_cache_dtype": ("auto", "float32", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"),
     "cache_storage": ("source", "uint8", "float8"),
     "slots.padding": ("none", "some", "all"),
-    "slots.placement": ("random", "prefill", "extremes"),
+    "slots.placement": ("random", "prefill", "extremes", "per_block", "mid_block"),
+    "kv_form": tuple(KV_FORMS),
     "slots.dtype": ("int64", "int32"),
     "positions.dtype": ("int64", "int32"),
     "positions.pattern": ("uniform", "prefill", "last_rows", "zeros"),
@@ -90,7 +92,7 @@ def placement_ranks(case) -> dict[str, int]:
     """The rank of the tensor each ``Placement`` field of ``case`` places (``cache_order`` places
     the flash caches, so their ``cache_place.order`` is not a field)."""
     if isinstance(case, MlaCase):
-        return {"q_place": 3, "kv_place": 2, "cache_place": 3}
+        return {"q_place": 3, "kv_c_place": 2, "k_pe_place": 2, "cache_place": 3}
     if isinstance(case, FlashCase):
         return {"query_place": 2 if case.qkv_packed else 3, "key_place": 3, "value_place": 3, "cache_place": 4}
     if isinstance(case, RopeCase):
@@ -135,6 +137,8 @@ def leaves(case, rotates: bool = True) -> dict[str, object]:
             out[name] = value
     if isinstance(case, MlaCase):
         out.pop("table.rotary_dim", None)  # follows rotary_dim
+        if case.kv_packed:  # k_pe sits in kv_c's packed buffer: its own placement is unused
+            out = {path: value for path, value in out.items() if not path.startswith("k_pe_place.")}
     if isinstance(case, MlaCase) and not rotates:
         out.pop("heads", None)
     if not rotates:
@@ -243,7 +247,7 @@ def _fix(case, before, path: str):
     if isinstance(case, FlashCase) and path in ("heads", "kv_heads"):
         if case.kv_heads < 1 or case.heads % case.kv_heads:
             return None
-    if isinstance(case, FlashCase) and case.shared_pool and case.value_head_size != case.head_size:
+    if isinstance(case, FlashCase) and case.kv_form != "split" and case.value_head_size != case.head_size:
         return None
     return case
 

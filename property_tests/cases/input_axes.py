@@ -150,13 +150,20 @@ def set_gqa(case, value):
 
 def inputs_of(case):
     if is_rope(case):
-        plain = not case.qkv_packed and case.query_place.is_plain() and case.key_place.is_plain()
-        return "contiguous" if plain else "packed" if case.qkv_packed else "strided"
+        return "packed" if case.qkv_packed else _placements_kind((case.query_place, case.key_place))
     if isinstance(case, MlaCase):
-        plain = not case.kv_packed and case.kv_place.is_plain() and case.q_place.is_plain()
-        return "contiguous" if plain else "packed" if case.kv_packed else "strided"
-    plain = not case.qkv_packed and all(p.is_plain() for p in (case.query_place, case.key_place, case.value_place))
-    return "contiguous" if plain else "packed" if case.qkv_packed else "strided"
+        if case.kv_packed:
+            return "packed"
+        return _placements_kind((case.q_place, case.kv_c_place, case.k_pe_place))
+    if case.qkv_packed:
+        return "packed"
+    return _placements_kind((case.query_place, case.key_place, case.value_place))
+
+
+def _placements_kind(places) -> str:
+    """``contiguous`` (every input plain) or ``strided`` (some input strided, sliced or offset, each
+    placed on its own: the map names which through the fields ``<input>_place.*``)."""
+    return "contiguous" if all(place.is_plain() for place in places) else "strided"
 
 
 def set_inputs(case, value):
@@ -164,7 +171,7 @@ def set_inputs(case, value):
         return None  # which dims to pad is the strategy's business
     plain = Placement()
     if isinstance(case, MlaCase):
-        return replace(case, kv_packed=value == "packed", kv_place=plain, q_place=plain)
+        return replace(case, kv_packed=value == "packed", kv_c_place=plain, k_pe_place=plain, q_place=plain)
     fields = dict(qkv_packed=value == "packed", query_place=plain, key_place=plain)
     if isinstance(case, FlashCase):
         fields["value_place"] = plain

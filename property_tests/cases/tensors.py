@@ -164,7 +164,16 @@ def position_values(spec, tokens: int, num_positions: int, gen: torch.Generator)
     return torch.randint(0, num_positions, (tokens,), generator=gen)
 
 
-def slot_values(spec, num_slots: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def _block_slots(placement: str, count: int, num_slots: int, block_size: int, gen) -> torch.Tensor:
+    """``per_block``: ``count`` slots, each in its own block at a random offset (a decode batch);
+    ``mid_block``: ``count`` consecutive slots from ``block_size // 2`` (a prefill chunk)."""
+    if placement == "mid_block":
+        return (block_size // 2 + torch.arange(count)) % num_slots
+    blocks = torch.randperm(num_slots // block_size, generator=gen)[:count]
+    return blocks * block_size + torch.randint(0, block_size, (len(blocks),), generator=gen)
+
+
+def slot_values(spec, num_slots: int, gen: torch.Generator, block_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """``(slot_mapping values, unused valid slots)`` for ``spec``; valid slots are distinct."""
     length = spec.length
     if spec.padding == "all":
@@ -180,7 +189,9 @@ def slot_values(spec, num_slots: int, gen: torch.Generator) -> tuple[torch.Tenso
                 padded[int(torch.randint(0, length, (), generator=gen))] = False
     num_valid = int((~padded).sum())
     order = torch.randperm(num_slots, generator=gen)
-    if spec.placement == "prefill":
+    if spec.placement in ("per_block", "mid_block"):
+        chosen = _block_slots(spec.placement, num_valid, num_slots, block_size, gen)
+    elif spec.placement == "prefill":
         start = int(torch.randint(0, num_slots, (), generator=gen))
         chosen = (start + torch.arange(num_valid)) % num_slots
     elif spec.placement == "extremes":  # the first and the last slot of the cache are among them
@@ -230,7 +241,7 @@ def _table_and_positions(built: Built, case, tokens: int, input_dtype) -> None:
 
 
 def _slot_mapping(built: Built, case, num_slots: int) -> None:
-    values, unused = slot_values(case.slots, num_slots, memory.generator(case.seed, "slots"))
+    values, unused = slot_values(case.slots, num_slots, memory.generator(case.seed, "slots"), case.block_size)
     buffer, view = index_buffer("slot_mapping", values, case.slots.stride, unused, case.slots.dtype, built.device,
                                 case.seed)
     built.add(buffer, slot_mapping=view)
@@ -290,12 +301,12 @@ def build_mla(case: MlaCase, device) -> Built:
     buffer, q_pe = memory.placed("q_pe", (T, case.heads, R), case.q_place, dtype, built.device, case.seed)
     built.add(buffer, q_pe=q_pe)
     if case.kv_packed:
-        buffer, views = memory.packed("kv", T, {"kv_c": (L,), "k_pe": (R,)}, case.kv_place, dtype, built.device,
+        buffer, views = memory.packed("kv", T, {"kv_c": (L,), "k_pe": (R,)}, case.kv_c_place, dtype, built.device,
                                       case.seed)
         built.add(buffer, **views)
     else:
-        for name, width in (("kv_c", L), ("k_pe", R)):
-            buffer, view = memory.placed(name, (T, width), case.kv_place, dtype, built.device, case.seed)
+        for name, width, place in (("kv_c", L, case.kv_c_place), ("k_pe", R, case.k_pe_place)):
+            buffer, view = memory.placed(name, (T, width), place, dtype, built.device, case.seed)
             built.add(buffer, **{name: view})
     scale = _scale(built, "scale", case.scale, 1, case.seed)
     for name, shape in (("q_pe", (T, case.heads, R)), ("kv_c", (T, L)), ("k_pe", (T, R))):
@@ -340,33 +351,41 @@ def build_flash(case: FlashCase, device) -> Built:
 
 
 def _flash_caches(built: Built, case: FlashCase, dtype: torch.dtype) -> None:
+    """The two caches as ``case.kv_form`` lays them out (``layout_types.KV_FORMS``)."""
     NB, B, Hkv = case.num_blocks, case.block_size, case.kv_heads
     order = tuple(case.cache_order) + (3,)
-    if not case.shared_pool:
+    if case.kv_form == "split":
         for name, size in (("key_cache", case.head_size), ("value_cache", case.value_head_size)):
             place = dataclasses.replace(case.cache_place, order=order)
             buffer, view = memory.placed(name, (NB, B, Hkv, size), place, dtype, built.device, case.seed)
             built.add(buffer, **{name: view})
         return
-    # vLLM's flash layout: one pool [NB, 2, B, Hkv, D]; key_cache = pool[:, 0], value_cache = pool[:, 1]
+    # one pool: the cache dims (NB, B, Hkv, D) padded as cache_place says, and a K/V dim (4) of 2
     place = case.cache_place
     pad = tuple(place.pad) + (0,) * (4 - len(place.pad))
     offset = tuple(place.offset) + (0,) * (4 - len(place.offset))
-    shape = (NB + pad[0], 2, B + pad[1], Hkv + pad[2], case.head_size + pad[3])
-    pool_dim = {0: 0, 1: 2, 2: 3}  # cache dim -> pool dim; the k/v dim (1) follows the block dim
-    pool_order = []
-    for dim in case.cache_order:
-        pool_order += [pool_dim[dim], 1] if dim == 0 else [pool_dim[dim]]
-    pool_order = tuple(pool_order) + (4,)
-    strides = memory.row_major_strides(shape, pool_order)
+    shape = (NB + pad[0], B + pad[1], Hkv + pad[2], case.head_size + pad[3], 2)
+    strides = memory.row_major_strides(shape, _pool_order(case.kv_form, order))
     numel = place.lead + math.prod(max(extent, 1) for extent in shape) + place.trail
     buffer = memory.Buffer("kv_pool", numel, dtype, built.device, case.seed)
-    view_strides = (strides[0], strides[2], strides[3], strides[4])
-    start = place.lead + sum(o * s for o, s in zip(offset, view_strides))
+    start = place.lead + sum(o * s for o, s in zip(offset, strides))
     for index, name in enumerate(("key_cache", "value_cache")):
         size = case.head_size if index == 0 else case.value_head_size
-        view = buffer.add_view(name, (NB, B, Hkv, size), view_strides, start + index * strides[1])
+        view = buffer.add_view(name, (NB, B, Hkv, size), strides[:4], start + index * strides[4])
         built.add(buffer, **{name: view})
+
+
+def _pool_order(kv_form: str, order: tuple[int, ...]) -> tuple[int, ...]:
+    """Memory order (outermost first) of a K/V pool ``[NB, B, Hkv, D, 2]``: the K/V dim outermost
+    (``flash``), right after the block dim (``flashinfer``) or just inside the head (``halves``)."""
+    if kv_form == "flash":
+        return (4, *order)
+    if kv_form == "flashinfer":
+        at = order.index(0) + 1
+        return (*order[:at], 4, *order[at:])
+    if kv_form == "halves":
+        return (*order[:-1], 4, order[-1])
+    raise ValueError(f"FlashCase: kv_form {kv_form!r} is not one of split, flash, flashinfer, halves")
 
 
 BUILDERS = {RopeCase: build_rope, MlaCase: build_mla, FlashCase: build_flash}

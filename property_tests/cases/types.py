@@ -73,7 +73,9 @@ class PositionSpec(_Compact):
 class SlotSpec(_Compact):
     """``slot_mapping[length]`` (``length <= T``): ``padding`` is ``none``, ``some`` or ``all``;
     padded entries hold ``pad_value`` (< 0). Valid slots are distinct; ``placement`` is
-    ``random`` or ``prefill`` (consecutive). The storage past its end (and between entries
+    ``random``, ``prefill`` (consecutive from a random slot), ``extremes`` (the cache's first and last
+    slot among them), ``per_block`` (each in its own block, a decode batch) or ``mid_block``
+    (consecutive from ``block_size // 2``, a prefill chunk). The storage past its end (and between entries
     when ``stride`` > 1) holds unused *valid* slots: reading past the end writes visibly."""
 
     length: int
@@ -160,7 +162,9 @@ class MlaCase(_Compact):
 
     ``q_pe [T, H, R]`` is ``q[..., nope:]`` of ``q [T, H, nope + R]`` (``q_place.offset[2]``
     is ``nope``); ``kv_c [T, L]`` and ``k_pe [T, R]`` are column slices of one
-    ``[T, L + R]`` tensor when ``kv_packed``; ``kv_cache [NB, B, L + R]`` is a view
+    ``[T, L + R]`` tensor placed by ``kv_c_place`` when ``kv_packed``, else each placed on its
+    own (``kv_c_place``, ``k_pe_place``: vLLM passes a contiguous kv_c and a k_pe sliced
+    from a wider projection); ``kv_cache [NB, B, L + R]`` is a view
     placed in a pool by ``cache_place``, stored as ``cache_storage`` (``"source"``,
     ``"uint8"`` or ``"float8"``).
     """
@@ -181,7 +185,8 @@ class MlaCase(_Compact):
     positions: PositionSpec = PositionSpec()
     q_place: Placement = Placement()
     kv_packed: bool = True
-    kv_place: Placement = Placement()
+    kv_c_place: Placement = Placement()
+    k_pe_place: Placement = Placement()
     cache_place: Placement = Placement()
     values: ValueSpec = ValueSpec()
     scale: ScaleSpec = ScaleSpec()
@@ -193,9 +198,11 @@ class FlashCase(_Compact):
     """The MHA operations: ``reshape_and_cache_flash`` and ``rope_and_reshape_and_cache_flash``.
 
     ``query [T, H, D]``, ``key [T, Hkv, D]``, ``value [T, Hkv, Dv]``: column slices of one
-    packed qkv when ``qkv_packed``. Caches ``[NB, B, Hkv, D|Dv]`` in the memory order
-    ``cache_order`` (``(0, 1, 2)`` is NHD, ``(0, 2, 1)`` HND), each a view placed in a
-    pool; with ``shared_pool`` (D == Dv) both live in one ``[.., 2, ..]`` allocation.
+    packed qkv when ``qkv_packed``, else each placed on its own. Caches ``[NB, B, Hkv, D|Dv]``
+    in the memory order ``cache_order`` (``(0, 1, 2)`` is NHD, ``(0, 2, 1)`` HND), each a view
+    placed in a pool; ``kv_form`` (``layout_types.KV_FORMS``) says how K and V share it:
+    ``split`` two allocations, or (D == Dv) one: ``flash`` ``[2, NB, ..]``, ``flashinfer``
+    ``[NB, 2, ..]``, ``halves`` the two halves of each head's ``2D`` row.
     The table's rotary width R may be smaller than D (partial rotary).
     """
 
@@ -214,7 +221,7 @@ class FlashCase(_Compact):
     is_neox: bool = True
     cache_storage: str = "source"
     cache_order: tuple[int, ...] = (0, 1, 2)
-    shared_pool: bool = False
+    kv_form: str = "split"
     positions: PositionSpec = PositionSpec()
     qkv_packed: bool = False
     query_place: Placement = Placement()
@@ -258,10 +265,21 @@ def to_jsonable(case) -> dict:
     return out
 
 
+# fields renamed since files were written: old name -> the new fields its (decoded) value gives
+LEGACY_FIELDS = {
+    "kv_place": lambda place: dict(kv_c_place=place, k_pe_place=place),  # one placement for both, before 0.4
+    "shared_pool": lambda shared: dict(kv_form="flashinfer" if shared else "split"),
+}
+
+
 def from_jsonable(data: dict):
-    """Inverse of ``to_jsonable``."""
+    """Inverse of ``to_jsonable`` (files written before a field was renamed read as they were meant)."""
     cls = CASE_TYPES[data["type"]]
     hints = typing.get_type_hints(cls)
+    for old, renamed in LEGACY_FIELDS.items():
+        if old in data and old not in hints:
+            value = data[old]
+            data = {**renamed(from_jsonable(value) if isinstance(value, dict) else value), **data}
     kwargs = {}
     for field in dataclasses.fields(cls):
         if field.name not in data:

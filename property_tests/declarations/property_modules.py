@@ -11,11 +11,12 @@ from __future__ import annotations
 
 PROPERTIES_PACKAGE = "mla_fuse_conformance.properties"
 # Plain @given tests marked @pytest.mark.mla_fuse(operations), run against --mla-fuse-impl.
-KERNEL_PROPERTY_MODULES = ("test_rotary_embedding", "test_mla", "test_flash", "test_real_sizes", "test_interactions")
+KERNEL_PROPERTY_MODULES = ("test_rotary_embedding", "test_mla", "test_flash", "test_real_sizes", "test_deployments",
+                           "test_interactions")
 # Kernel property modules whose tests run fixed explicit examples only (real-model sizes, one
-# dimension at a time; the covering array of interactions): nothing for a fuzzer to search, and no
-# T = 0 / T = 1 edge cases.
-EXPLICIT_ONLY_MODULES = ("test_real_sizes", "test_interactions")
+# dimension at a time; named deployments; the covering array of interactions): nothing for a fuzzer
+# to search, and no T = 0 / T = 1 edge cases.
+EXPLICIT_ONLY_MODULES = ("test_real_sizes", "test_deployments", "test_interactions")
 # Plain @given tests of the torch.compile passes (through mla_fuse.ops, not --mla-fuse-impl).
 COMPILE_PASS_MODULES = ("test_compile_passes",)
 # Fixed-case tests of --mla-fuse-impl (no search): addresses past 2^31 elements.

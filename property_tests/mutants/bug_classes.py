@@ -55,6 +55,8 @@ BUG_CLASSES: dict[str, tuple[str, str]] = {
     "cache_assumed_contiguous": ("Cache layout", "cache strides assumed contiguous"),
     "mla_regions_swapped": ("Cache layout", "MLA entry written as [k_pe | kv_c]"),
     "rest_of_block_zeroed": ("Cache layout", "the other entries of each touched block zeroed"),
+    "prefill_dense_block_stride": ("Cache layout", "past 16 tokens, entries of 128 elements or more addressed with "
+                                   "block stride block_size x entry size, not the view's (a K|V-halves pool)"),
     # fp8
     "fp8_scale_dropped": ("fp8", "scale treated as 1"),
     "fp8_scale_multiplied": ("fp8", "multiplied by the scale instead of divided"),
@@ -72,6 +74,8 @@ BUG_CLASSES: dict[str, tuple[str, str]] = {
     "one_head_stride_for_q_and_k": ("Strides and aliasing", "one head stride (the smaller) used for q and k"),
     "writes_to_copy": ("Strides and aliasing", "rope writes land in a contiguous copy"),
     "storage_offset_dropped": ("Strides and aliasing", "views addressed from storage offset 0"),
+    "k_pe_read_with_kv_c_row_stride": ("Strides and aliasing", "a contiguous kv_c's fast path addresses a strided "
+                                       "k_pe with kv_c's row stride"),
     # Bad input (CONTRACT §4)
     "validates_after_writing": ("Padding and slots", "argument checks run after the writes"),
     "rotary_width_larger_than_head_accepted": ("RoPE geometry", "a table wider than the head accepted"),

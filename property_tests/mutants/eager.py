@@ -51,11 +51,12 @@ class EagerImplementation(RopeStage, Fp8Stage, CacheWriteStage):
         positions = self._accepted_positions(positions)
 
         def work():
-            original_k = k_pe.clone()
+            k = self._k_pe_as_read(kv_c, k_pe)  # k_pe itself but for one mutant
+            original_k = k.clone()
             self._rope(positions, q_pe, cos_sin_cache, is_neox, self._rotated_rows("q", slot_mapping, q_pe), q_pe)
-            self._rope(positions, k_pe[:, None, :], cos_sin_cache, is_neox, self._rotated_rows("k", slot_mapping, q_pe),
+            self._rope(positions, k[:, None, :], cos_sin_cache, is_neox, self._rotated_rows("k", slot_mapping, q_pe),
                        q_pe)
-            cached_k = self._k_for_cache(original_k[:, None, :], k_pe[:, None, :], positions, cos_sin_cache,
+            cached_k = self._k_for_cache(original_k[:, None, :], k[:, None, :], positions, cos_sin_cache,
                                          is_neox, kv_cache_dtype, kv_cache_scale)[:, 0, :]
             self._mla_write(kv_c, cached_k, kv_cache, slot_mapping, kv_cache_dtype, kv_cache_scale)
         self._checked_run("concat_and_cache_mla_rope_fused", work, positions, q_pe, k_pe, kv_c, cos_sin_cache,

@@ -4,11 +4,15 @@ cache-layout bugs (switched on by ``self.bug``)."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from mla_fuse_conformance.mutants.eager_rope import UNPROCESSED_BLOCK
 
 ENTRY_TILE = 256  # entry_tile_256_without_loop
+LARGEST_DECODE = 16  # prefill_dense_block_stride: a launch of more tokens takes the prefill path
+WIDE_ENTRY = 128  # prefill_dense_block_stride: ... for entries of at least this many elements
 
 
 class CacheWriteStage:
@@ -16,7 +20,20 @@ class CacheWriteStage:
 
     bug = "none"
 
+    def _k_pe_as_read(self, kv_c: torch.Tensor, k_pe: torch.Tensor) -> torch.Tensor:
+        """k_pe as the ``k_pe_read_with_kv_c_row_stride`` mutant addresses it (reads it, and rotates it in
+        place in the fused op): where kv_c is contiguous and k_pe is not, with kv_c's row stride
+        (unchanged where that would run past k_pe's storage)."""
+        if self.bug != "k_pe_read_with_kv_c_row_stride" or not kv_c.is_contiguous() or k_pe.is_contiguous():
+            return k_pe
+        stride = (kv_c.stride(0), k_pe.stride(1))
+        last = k_pe.storage_offset() + (k_pe.size(0) - 1) * stride[0] + (k_pe.size(1) - 1) * stride[1]
+        if last >= k_pe.untyped_storage().nbytes() // k_pe.element_size():
+            return k_pe
+        return torch.as_strided(k_pe, k_pe.shape, stride, k_pe.storage_offset())
+
     def _mla_write(self, kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale) -> None:
+        k_pe = self._k_pe_as_read(kv_c, k_pe)
         if self.bug == "token_stride_ignored":
             kv_c = torch.as_strided(kv_c, kv_c.shape, (kv_c.size(1), 1), kv_c.storage_offset())
         latent = self._stored(kv_c, kv_cache_dtype, scale)
@@ -75,6 +92,9 @@ class CacheWriteStage:
         strides = list(cache.stride())
         if self.bug == "cache_assumed_contiguous":
             strides = list(torch.empty(cache.shape, device="meta").stride())
+        entry = math.prod(cache.shape[2:])
+        if self.bug == "prefill_dense_block_stride" and slots.numel() > LARGEST_DECODE and entry >= WIDE_ENTRY:
+            strides[0] = block_size * entry
         if self.bug == "block_size_hardcoded_16":
             block = (slots // UNPROCESSED_BLOCK) % cache.size(0)
             offset = (slots % UNPROCESSED_BLOCK) % block_size
