@@ -53,7 +53,7 @@ def test_only_the_properties_that_would_skip_are_deselected(one_op):
 def test_a_one_operation_verify_runs_its_properties_only_and_prints_no_foreign_warning(one_op):
     """A short selection (one property, few examples): the suite's modules are all imported at
     collection, Inductor's included, as in a full run."""
-    env = dict(os.environ, PYTHONPATH=str(one_op))
+    env = _child_environment(PYTHONPATH=str(one_op))
     env.pop("CI", None)
     result = subprocess.run(
         [sys.executable, "-m", "mla_fuse_conformance", "verify", "--impl", "one_op:OneOp", "--profile", "dev",
@@ -134,6 +134,12 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # what the interpreter's exit collect
 """
 
 
+def _child_environment(**extra) -> dict:
+    """This environment for a child pytest session, less what an xdist worker running this test
+    sets (a child controller that inherits PYTEST_XDIST_WORKER takes itself for a worker)."""
+    return {**{name: value for name, value in os.environ.items() if not name.startswith("PYTEST_XDIST")}, **extra}
+
+
 def test_an_xdist_worker_leaves_its_heap_to_the_end_of_the_process(tmp_path):
     """execnet interrupts a worker (SIGINT) whose teardown outlasts 5 s; a full garbage collection of
     the heap Inductor leaves took that long on a loaded machine, and the KeyboardInterrupt landed in
@@ -145,7 +151,7 @@ def test_an_xdist_worker_leaves_its_heap_to_the_end_of_the_process(tmp_path):
     log = tmp_path / "frozen.log"
     result = subprocess.run([sys.executable, "-m", "pytest", "-n", "1", "-p", "no:cacheprovider",
                              "--mla-fuse-impl=reference", "test_heap.py"], capture_output=True, text=True,
-                            cwd=tmp_path, env=dict(os.environ, FROZEN_LOG=str(log)), timeout=300)
+                            cwd=tmp_path, env=_child_environment(FROZEN_LOG=str(log)), timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert int(log.with_suffix(".collection").read_text()) >= 200_000, "pytest's last collection went over the heap"
     assert int(log.with_suffix(".exit").read_text()) == 0, "the heap was left frozen to the interpreter's exit"

@@ -118,7 +118,7 @@ def parameters(operation: str) -> dict[str, tuple[str, ...]]:
 
 def _strided(case, value):
     if isinstance(case, MlaCase):
-        return replace(case, kv_packed=False, kv_place=_STRIDED, q_place=_STRIDED)
+        return replace(case, kv_packed=False, kv_c_place=_STRIDED, k_pe_place=_STRIDED, q_place=_STRIDED)
     fields = dict(qkv_packed=False, query_place=_STRIDED, key_place=_STRIDED)
     return replace(case, **fields, **({"value_place": _STRIDED} if isinstance(case, FlashCase) else {}))
 
@@ -132,7 +132,7 @@ def _other_scale(case, value):
 
 
 def _pool_view(case, value):
-    return replace(case, cache_place=_POOL_VIEW, **({"shared_pool": False} if isinstance(case, FlashCase) else {}))
+    return replace(case, cache_place=_POOL_VIEW, **({"kv_form": "split"} if isinstance(case, FlashCase) else {}))
 
 
 # (axis, value) -> a setter for the values ``Axis.set`` leaves to the strategies

@@ -267,7 +267,7 @@ def to_jsonable(case) -> dict:
 
 # fields renamed since files were written: old name -> the new fields its (decoded) value gives
 LEGACY_FIELDS = {
-    "kv_place": lambda place: dict(kv_c_place=place, k_pe_place=place),  # one placement for both, before 0.4
+    "kv_place": lambda place: dict(kv_c_place=place, k_pe_place=place),  # saved cases of the earlier layout: one placement for both
     "shared_pool": lambda shared: dict(kv_form="flashinfer" if shared else "split"),
 }
 

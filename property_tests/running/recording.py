@@ -43,7 +43,7 @@ from mla_fuse_conformance.cases import types as case_types
 
 FAILURE_DIR_ENV = "MLA_FUSE_FAILURE_DIR"
 REPORT_DIR_ENV = "MLA_FUSE_REPORT_DIR"
-OUTCOMES_FILE = "outcomes.jsonl"  # one JSON line per test outcome, under $MLA_FUSE_REPORT_DIR (plugin.SessionReport)
+OUTCOMES_FILE = "outcomes.jsonl"  # one JSON line per test outcome, under $MLA_FUSE_REPORT_DIR (running.session_report.SessionReport)
 TIMEOUT_ENV = "MLA_FUSE_EXAMPLE_TIMEOUT"
 DEFAULT_EXAMPLE_TIMEOUT = 120.0  # seconds; the slowest ci/gpu example under the interpreter takes ~20 s loaded
 

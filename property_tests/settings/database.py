@@ -257,7 +257,7 @@ def suite_node_id(item) -> str:
 
 def key_by_suite_node_id(item, bad_input: bool | None = None, databases=None) -> None:
     """Key a hypothesis test's database entries by its suite node id (see the module docstring).
-    For a kernel property (``bad_input`` not None) the key it had before 0.2 is read too, from
+    For a kernel property (``bad_input`` not None) the key it had in the wrapper layout (``settings.legacy_keys``) is read too, from
     ``databases`` (default: those of the loaded profile and of the test's own settings)."""
     test = getattr(getattr(item, "obj", None), "hypothesis", None)
     if test is None:
