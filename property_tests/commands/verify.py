@@ -279,12 +279,8 @@ def run_verify(impl_spec: str | None, profile: str, report_dir: pathlib.Path, wo
         print(f"mla-fuse verify: {error}", file=sys.stderr)
         return 2
     header = describe_implementation(impl)
-    found = environment.environment()
-    described = environment.implementation(impl, header)
-    print(f"mla-fuse verify: {impl.spec} ({impl.name}) version {described['version'] or 'unknown'}, "
-          f"{profile} profile", flush=True)
-    print("\n".join(f"mla-fuse verify: {line}" for line in [*environment.describe_environment(found), *header]),
-          flush=True)
+    found, described = environment.environment(), environment.implementation(impl, header)
+    print_what_ran(impl, profile, found, described["version"], header)
     report_dir.mkdir(parents=True, exist_ok=True)
     (report_dir / OUTCOMES_FILE).unlink(missing_ok=True)
     command = pytest_command(impl.spec, profile, report_dir, workers or "auto", impl.required, extra_pytest_args)
@@ -312,6 +308,14 @@ def run_verify(impl_spec: str | None, profile: str, report_dir: pathlib.Path, wo
     print(f"\nreport: {report_dir / 'report.json'}, JUnit: {report_dir / 'junit.xml'}\n"
           f"verdict: {'FAIL' if failed else 'PASS'}")
     return 1 if failed else 0
+
+
+def print_what_ran(impl, profile: str, found: dict, version: str | None, header: list[str]) -> None:
+    """The report's first lines: the implementation and its version, the profile, the device and
+    backend, the versions, the CPU's vector flags, then the declarations."""
+    lines = [f"{impl.spec} ({impl.name}) version {version or 'unknown'}, {profile} profile",
+             *environment.describe_environment(found), *header]
+    print("\n".join(f"mla-fuse verify: {line}" for line in lines), flush=True)
 
 
 def seed_policy(profile: str) -> str:
