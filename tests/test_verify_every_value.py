@@ -77,3 +77,23 @@ def test_every_value_adds_what_the_examples_lack_and_nothing_when_they_have_it()
     assert all(reached[axis][value] for axis, values in applicable_values(prop).items() for value in values)
     assert reached["NaN inputs"]["yes"] and reached["slot_mapping length"]["< T"]
     assert every_value([*first, *added], prop.rotates) == []
+
+
+def fp8_reference_properties() -> list:
+    return [prop for prop in kernel_properties()
+            if prop.name.endswith("_matches_reference") and set(prop.operations) & set(CACHING_OPERATIONS)]
+
+
+@pytest.mark.parametrize("mutant", ["mutant:fp8_nan_to_zero", "mutant:fp8_overflow_not_saturated"])
+@pytest.mark.parametrize("prop", fp8_reference_properties(), ids=lambda prop: prop.name)
+def test_the_explicit_examples_alone_catch_a_wrong_nan_or_saturation_code(prop, mutant):
+    """The dev profile once passed a cache write that saturated NaN: its few random examples had no
+    NaN with an fp8 cache. The explicit examples, run in every profile, have one."""
+    impl = load_implementation(mutant)
+    failed = 0
+    for case in explicit_examples(prop, impl):
+        try:
+            prop.run(impl, "cpu", case)
+        except AssertionError:
+            failed += 1
+    assert failed, f"no explicit example of {prop.name} catches {mutant}"

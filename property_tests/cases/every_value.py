@@ -5,9 +5,11 @@ given storage) in some runs and not in others; a property's explicit examples ru
 profile, first, every time. ``every_value(cases, rotates)`` gives the examples to add to
 ``cases`` so that each value of each ``features.AXES`` axis that ``Axis.set`` can reach from
 them is in at least one: each missing value is set on the example made last when the values
-already set there stay, else on the first of ``cases`` with the most tokens that reaches it (so a few examples carry
-all of them), and an example that saturates fp8 codes (``saturating``). Deterministic: the same examples every run, derived from the axes' table, so a value
-added to an axis is covered without editing a list.
+already set there stay, else on the one of ``cases`` with the most tokens that reaches it (so a
+few examples carry all of them; a value that leaves rows unwritten gets an example of its own),
+and two fully written fp8 examples, one that saturates its codes, one with a NaN input
+(``saturating``). Deterministic: the same examples every run, derived from the axes' table, so a
+value added to an axis is covered without editing a list.
 """
 
 from __future__ import annotations
@@ -32,32 +34,47 @@ def every_value(cases, rotates: bool) -> list:
 SATURATING_LOG2 = 12.0  # |x| ~ 2^12 with a unit scale: far past E4M3's 448, in range of fp32 and bf16
 
 
+def written(case):
+    """``case`` with every row written (no padding, a full ``slot_mapping``), on fp32 inputs and a
+    unit scale, as far as the axes allow."""
+    for axis, value in (("padding", "none"), ("slot_mapping length", "= T"), ("scale", "1"), ("dtype", "float32")):
+        case = AXIS[axis].set(case, value) or case
+    return case
+
+
 def saturating(cases) -> list:
-    """An fp8 (E4M3) example whose values saturate the cache's codes, unless one of ``cases`` has
-    such values already or none writes an E4M3 cache: the one with the most tokens, moved to fp32
-    inputs and a unit scale, its values scaled to ``2^SATURATING_LOG2``."""
+    """Two fp8 (E4M3) examples with every row written, unless none of ``cases`` writes an E4M3
+    cache: one whose values saturate the codes (scaled to ``2^SATURATING_LOG2``: the fp8-saturation
+    event), one with a NaN input (NaN's code, not the maximum's or zero's); both made from the E4M3
+    example with the most tokens (``written``)."""
     e4m3 = [case for case in cases if getattr(case, "kv_cache_dtype", "") in ("fp8", "fp8_e4m3") and case.tokens]
-    if not e4m3 or any(case.values.log2_magnitude >= 8.8 for case in e4m3):
+    if not e4m3:
         return []
-    case = max(e4m3, key=lambda case: case.tokens)
-    case = AXIS["scale"].set(case, "1") or case
-    case = AXIS["dtype"].set(case, "float32") or case
-    loud = dataclasses.replace(case.values, log2_magnitude=SATURATING_LOG2, nan_count=0)
+    case = written(max(e4m3, key=lambda case: case.tokens))
+    saturated = dataclasses.replace(case, values=dataclasses.replace(
+        case.values, log2_magnitude=SATURATING_LOG2, nan_count=0))
     if hasattr(case, "value_values"):
-        case = dataclasses.replace(case, value_values=dataclasses.replace(case.value_values, log2_magnitude=SATURATING_LOG2))
-    return [dataclasses.replace(case, values=loud)]
+        saturated = dataclasses.replace(saturated, value_values=dataclasses.replace(
+            case.value_values, log2_magnitude=SATURATING_LOG2, nan_count=0))
+    return [made for made in (saturated, AXIS["NaN inputs"].set(case, "yes") or case) if made not in cases]
+
+
+# values that leave rows unwritten: set on an example of their own, nothing else set on it, so that
+# the values set together elsewhere reach the cache
+UNWRITTEN = {("padding", "some"), ("padding", "all"), ("slot_mapping length", "< T"), ("tokens", "0")}
 
 
 def _missing_values(cases, rotates: bool) -> list:
     present = {(axis, value) for case in cases for axis, value in features(case, rotates).items()}
     by_tokens = sorted(cases, key=lambda case: -case.tokens)  # an example that writes something, first
     added: list = []
-    pinned: dict[str, str] = {}  # the values set on the last added example
+    pinned: dict[str, str] | None = None  # the values set on the last added example; None: set nothing more on it
     for axis in axes_for(rotates):
         for value in axis.values:
             if (axis.name, value) in present:
                 continue
-            stacked = axis.set(added[-1], value) if added else None
+            alone = (axis.name, value) in UNWRITTEN
+            stacked = axis.set(added[-1], value) if added and pinned is not None and not alone else None
             if stacked is not None and all(features(stacked, rotates).get(a) == v for a, v in pinned.items()):
                 added[-1] = stacked
                 pinned[axis.name] = value
@@ -66,6 +83,6 @@ def _missing_values(cases, rotates: bool) -> list:
                 if base is None:
                     continue
                 added.append(base)
-                pinned = {axis.name: value}
+                pinned = None if alone else {axis.name: value}
             present.update((a, v) for a, v in features(added[-1], rotates).items())
     return added
