@@ -21,7 +21,6 @@ SCHEMA = 2
 COUNTED_EVENTS = {"fp8 saturation": "saturation_cases", "padded slot": "padded_slot_cases"}
 VALUE_EVENTS = {"NaN input": ("NaN inputs", "yes"), "short slot_mapping": ("slot_mapping length", "< T"),
                 "empty batch": ("tokens", "0")}
-EVENTS = (*COUNTED_EVENTS, *VALUE_EVENTS)
 DEPLOYMENT_TEST = re.compile(r"::test_(?P<operation>\w+)_in_deployment\[(?P<name>.+)\]$")
 UNSUPPORTED = "not supported (declared)"
 PAIRS_FIELD = "pairs"  # coverage.pairs: the covering array's pairs reached (cases/interactions.pair_coverage), not written yet
