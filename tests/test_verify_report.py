@@ -8,6 +8,7 @@ has a key.
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import subprocess
@@ -78,6 +79,28 @@ def test_a_one_operation_verify_runs_its_properties_only_and_prints_no_foreign_w
     assert "not run: compile passes" in out and not any("compile_passes" in nodeid for nodeid in ran), out
     rows = [line.split()[0] for line in out.splitlines() if line.startswith(("concat", "rotary", "reshape", "rope"))]
     assert rows == ["concat_and_cache_mla"], out
+    assert_schema_2(json.loads((one_op / ".mla_fuse_reports" / "report.json").read_text()), result.stdout)
+
+
+def assert_schema_2(report: dict, printed: str) -> None:
+    """report.json schema 2 (docs/REPORT.md) of a passing dev run of ``one_op:OneOp``, and the printed
+    report: what ran first, the coverage last."""
+    assert report["schema"] == 2 and report["verdict"] == "PASS", report
+    run = report["run"]
+    assert run["profile"] == "dev" and run["seed_policy"].startswith("random, database ") and run["exit_code"] == 0
+    assert " verify --impl one_op:OneOp " in run["command"] and run["phases"]["properties"] <= run["seconds"]
+    assert report["implementation"]["spec"] == "one_op:OneOp" and report["implementation"]["version"] is None
+    assert report["implementation"]["signatures"] == {"concat_and_cache_mla": "checked"}
+    assert report["environment"]["backend"] == "interpreter" and report["environment"]["device"]["kind"] == "cpu"
+    axes = report["coverage"]["axes"]
+    assert sum(axes["dtype"].values()) == report["operations"]["concat_and_cache_mla"]["examples"], axes
+    assert report["coverage"]["events"]["padded slot"] == report["operations"]["concat_and_cache_mla"]["padded_slot_cases"]
+    assert report["cells"] == [] and report["failures"] == [] and report["deployments"] == []
+    lines = printed.splitlines()
+    assert lines[0].startswith("mla-fuse verify: one_op:OneOp (OneOp) version unknown, dev profile"), printed
+    assert lines[1].startswith("mla-fuse verify: device: cpu") and "vector flags" in lines[3], printed
+    tail = printed[printed.rindex("\ncoverage (examples per feature value"):]
+    assert "  events: fp8 saturation " in tail and tail.rstrip().endswith("verdict: PASS"), tail
 
 
 def test_the_third_party_filters_are_declared_once_and_used_by_this_repository():

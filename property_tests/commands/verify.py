@@ -11,21 +11,27 @@
 3. For every failing property, build its conformance map (``conformance_map.py``): which feature values
    fail, each failing cell with its replay file, and which pass.
 4. Check each declared limit with a few cases just outside it.
-5. Print the report, write ``report.json``; exit 0 when everything passed, 1 otherwise.
+5. Print the report (what ran first: implementation, versions, device, CPU flags; the coverage
+   summary last), write ``report.json`` (schema 2, docs/REPORT.md: ``report_json.py``,
+   ``environment.py``) and the environment into ``junit.xml``; exit 0 when everything passed, 1
+   otherwise.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import datetime
 import json
 import os
 import pathlib
+import shlex
 import subprocess
 import sys
 import textwrap
 import time
 
+from mla_fuse_conformance.commands import environment, report_json
 from mla_fuse_conformance.settings import profiles
 from mla_fuse_conformance.running import recording
 from mla_fuse_conformance.cases.features import describe
@@ -223,8 +229,9 @@ def failing_properties(outcomes: list[dict]) -> list[str]:
     return names
 
 
-def run_maps(impl, outcomes: list[dict], profile: str, rounds: int) -> tuple[list, list]:
-    """Conformance maps of the failing properties, and the checks of the declared limits."""
+def run_maps(impl, outcomes: list[dict], profile: str, rounds: int, phases: dict) -> tuple[list, list]:
+    """Conformance maps of the failing properties, and the checks of the declared limits (their
+    seconds added to ``phases`` as ``map`` and ``limits``)."""
     from mla_fuse_conformance.running.devices import select_device
     from mla_fuse_conformance.running.executor import Executor
     from mla_fuse_conformance.cases import types as case_types
@@ -233,7 +240,7 @@ def run_maps(impl, outcomes: list[dict], profile: str, rounds: int) -> tuple[lis
 
     max_examples = {"ci": profiles.CI_MAX_EXAMPLES, "dev": 30}.get(profile, 100)
     device = str(select_device())
-    maps, limits = [], []
+    maps, limits, started = [], [], time.monotonic()
     with Executor(impl.spec, device, impl.required) as executor:
         for name in failing_properties(outcomes):
             prop = property_named(name)
@@ -250,6 +257,7 @@ def run_maps(impl, outcomes: list[dict], profile: str, rounds: int) -> tuple[lis
                       f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}", flush=True)
                 maps.append(PropertyMap(prop.name, prop.operations, [], {}, 0, False,
                                         error=f"{type(error).__name__}: {error}"[:2000]))
+        phases["map"], started = round(time.monotonic() - started, 1), time.monotonic()
         for op in impl.operations:
             prop = next((p for p in all_properties().values() if p.operations == (op,) and not p.needs_input_checks), None)
             if prop is None:
@@ -258,41 +266,76 @@ def run_maps(impl, outcomes: list[dict], profile: str, rounds: int) -> tuple[lis
                 for value in values:
                     limits.append(check_limit(prop, impl, lambda case, p=prop: executor.run(p.name, case, False),
                                               op, axis, value))
+    phases["limits"] = round(time.monotonic() - started, 1)
     return maps, limits
 
 
 def run_verify(impl_spec: str | None, profile: str, report_dir: pathlib.Path, workers: str | None,
                extra_pytest_args: list[str], require: tuple[str, ...] = (), map_rounds: int = 6) -> int:
+    started_at, started = datetime.datetime.now(datetime.timezone.utc), time.monotonic()
     try:
         impl = load_implementation(impl_spec, require)
     except ImplementationError as error:
         print(f"mla-fuse verify: {error}", file=sys.stderr)
         return 2
     header = describe_implementation(impl)
-    print("\n".join(f"mla-fuse verify: {line}" for line in header), flush=True)
+    found, described = environment.environment(), environment.implementation(impl, header)
+    print_what_ran(impl, profile, found, described["version"], header)
     report_dir.mkdir(parents=True, exist_ok=True)
     (report_dir / OUTCOMES_FILE).unlink(missing_ok=True)
     command = pytest_command(impl.spec, profile, report_dir, workers or "auto", impl.required, extra_pytest_args)
     print(f"$ {' '.join(command)}", flush=True)
-    started = time.monotonic()
     env = dict(os.environ, MLA_FUSE_REPORT_DIR=str(report_dir),
                PYTHONPATH=os.pathsep.join([os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])]))
     returncode = subprocess.call(command, env=env)
+    phases = {"properties": round(time.monotonic() - started, 1)}
     outcomes = read_outcomes(report_dir / OUTCOMES_FILE)
     summaries = summarize(outcomes, impl.spec)
-    maps, limits = run_maps(impl, outcomes, profile, map_rounds) if map_rounds else ([], [])
+    maps, limits = run_maps(impl, outcomes, profile, map_rounds, phases) if map_rounds else ([], [])
     elapsed = time.monotonic() - started
     failed = returncode not in (0, 5) or any(s.failed for s in summaries.values()) or not outcomes
+    deployments = report_json.deployments(outcomes, maps)
+    coverage = report_json.coverage(outcomes, impl, deployments)
     print_report(impl, profile, elapsed, summaries, outcomes, maps, limits, failed)
-    report = {"implementation": impl.spec, "name": impl.name, "profile": profile, "seconds": round(elapsed, 1),
-              "pytest_exit_code": returncode, "passed": not failed, "declarations": header,
-              "operations": {op: {**dataclasses.asdict(s), "verdict": s.verdict} for op, s in summaries.items()},
-              "failures": [line["failure"] for line in outcomes if line.get("failure")],
-              "maps": [dataclasses.asdict(m) for m in maps], "limits": [dataclasses.asdict(c) for c in limits]}
+    print("\n" + "\n".join(report_json.coverage_lines(coverage)))
+    run = {"command": command_line(), "cwd": os.getcwd(), "started": started_at.isoformat(timespec="seconds"),
+           "seconds": round(elapsed, 1), "profile": profile, "seed_policy": seed_policy(profile), "phases": phases,
+           "pytest_exit_code": returncode, "exit_code": 1 if failed else 0}
+    operations = {op: {**dataclasses.asdict(s), "verdict": s.verdict} for op, s in summaries.items()}
+    report = report_json.report(run, found, described, operations, outcomes, maps, limits, coverage, deployments)
     (report_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    report_json.junit_properties(report_dir / "junit.xml", found, described)
     print(f"\nreport: {report_dir / 'report.json'}, JUnit: {report_dir / 'junit.xml'}\n"
           f"verdict: {'FAIL' if failed else 'PASS'}")
     return 1 if failed else 0
+
+
+def print_what_ran(impl, profile: str, found: dict, version: str | None, header: list[str]) -> None:
+    """The report's first lines: the implementation and its version, the profile, the device and
+    backend, the versions, the CPU's vector flags, then the declarations."""
+    lines = [f"{impl.spec} ({impl.name}) version {version or 'unknown'}, {profile} profile",
+             *environment.describe_environment(found), *header]
+    print("\n".join(f"mla-fuse verify: {line}" for line in lines), flush=True)
+
+
+def seed_policy(profile: str) -> str:
+    """``derandomized`` (the same examples every run) or ``random, database WHERE``."""
+    from hypothesis import settings
+
+    from mla_fuse_conformance.settings import database
+
+    chosen = settings.get_profile(profiles.full_name(profile))
+    if chosen.derandomize:
+        return "derandomized"
+    return f"random, database {database.shown(os.environ.get(database.DATABASE_ENV_VAR))}"
+
+
+def command_line() -> str:
+    """The command as typed: ``python -m mla_fuse_conformance`` where that is how it ran."""
+    program = sys.argv[0]
+    if pathlib.Path(program).name == "__main__.py":
+        program = f"{sys.executable} -m {SUITE_PACKAGE}"
+    return " ".join([program, shlex.join(sys.argv[1:])]).strip()
 
 
 def print_report(impl, profile, elapsed, summaries, outcomes, maps, limits, failed) -> None:

@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given, settings
 
 from mla_fuse_conformance.cases import corruptions, strategies
+from mla_fuse_conformance.cases.every_value import every_value
 from mla_fuse_conformance.cases.types import BadInputCase, FlashCase, SlotSpec, TableSpec, ValueSpec
 from mla_fuse_conformance.running.harness import bad_input_examples, examples
 
@@ -21,7 +22,7 @@ FUSED = "rope_and_reshape_and_cache_flash"
 
 
 @pytest.mark.mla_fuse(CACHE_WRITE)
-@examples(EDGES)
+@examples(EDGES + every_value(EDGES, rotates=False))
 @given(case=strategies.flash_cases(fused=False))
 def test_flash_cache_write_matches_reference(mla_fuse, case):
     """key and value rows land at their slots in caches of any stride order (source bits, or
@@ -30,7 +31,7 @@ def test_flash_cache_write_matches_reference(mla_fuse, case):
 
 
 @pytest.mark.mla_fuse(FUSED)
-@examples(FOUND + EDGES)
+@examples(FOUND + EDGES + every_value(FOUND + EDGES, rotates=True))
 @given(case=strategies.flash_cases(fused=True))
 def test_fused_flash_matches_reference(mla_fuse, case):
     """query and key rotated within the bound (partial rotary: the tail bit for bit); the key
@@ -39,7 +40,7 @@ def test_fused_flash_matches_reference(mla_fuse, case):
 
 
 @pytest.mark.mla_fuse(FUSED, "rotary_embedding", CACHE_WRITE)
-@examples(EDGES)
+@examples(EDGES + every_value(EDGES, rotates=True))
 @given(case=strategies.flash_cases(fused=True))
 def test_fused_flash_equals_unfused_chain(mla_fuse, case):
     """The fused op writes the same cache bits as rotary_embedding then reshape_and_cache_flash."""

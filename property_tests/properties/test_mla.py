@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given, settings
 
 from mla_fuse_conformance.cases import corruptions, strategies
+from mla_fuse_conformance.cases.every_value import every_value
 from mla_fuse_conformance.cases.types import BadInputCase, MlaCase, SlotSpec, TableSpec, ValueSpec
 from mla_fuse_conformance.running.harness import bad_input_examples, examples
 
@@ -20,7 +21,7 @@ FOUND = [
 
 
 @pytest.mark.mla_fuse(CACHE_WRITE)
-@examples(FOUND + EDGES)
+@examples(FOUND + EDGES + every_value(FOUND + EDGES, rotates=False))
 @given(case=strategies.mla_cases(fused=False))
 def test_mla_cache_write_matches_reference(mla_fuse, case):
     """Entries ``[kv_c | k_pe]`` land at their slots (source bits, or fp8 codes per §5); padded,
@@ -29,7 +30,7 @@ def test_mla_cache_write_matches_reference(mla_fuse, case):
 
 
 @pytest.mark.mla_fuse(FUSED)
-@examples(FOUND + EDGES)
+@examples(FOUND + EDGES + every_value(FOUND + EDGES, rotates=True))
 @given(case=strategies.mla_cases(fused=True))
 def test_fused_mla_matches_reference(mla_fuse, case):
     """q_pe and k_pe rotated within the bound (padded rows as declared), written back into
@@ -38,7 +39,7 @@ def test_fused_mla_matches_reference(mla_fuse, case):
 
 
 @pytest.mark.mla_fuse(FUSED, "rotary_embedding", CACHE_WRITE)
-@examples(EDGES)
+@examples(EDGES + every_value(EDGES, rotates=True))
 @given(case=strategies.mla_cases(fused=True))
 def test_fused_mla_equals_unfused_chain(mla_fuse, case):
     """The fused op writes the same cache bits as rotary_embedding then concat_and_cache_mla."""

@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given, settings
 
 from mla_fuse_conformance.cases import corruptions, strategies
+from mla_fuse_conformance.cases.every_value import every_value
 from mla_fuse_conformance.cases.types import BadInputCase, RopeCase, TableSpec
 from mla_fuse_conformance.running.harness import bad_input_examples, examples
 
@@ -19,7 +20,7 @@ FOUND = [
 
 
 @pytest.mark.mla_fuse("rotary_embedding")
-@examples(FOUND + EDGES)
+@examples(FOUND + EDGES + every_value(FOUND + EDGES, rotates=True))
 @given(case=strategies.rope_cases())
 def test_rotary_embedding_matches_reference(mla_fuse, case):
     """q and k rotated within the §5 bound; the unrotated tail, the parents around the views,

@@ -18,9 +18,9 @@ stack next to the in-flight file and end the process after ``example_timeout()``
 OpenMP barrier, a spinning device kernel) becomes a "hung" failure of its case, not a stuck run.
 
 Metrics. Each property's ``PropertyStats`` (examples, worst rope error as a fraction of the
-CONTRACT §5 bound and in ulps, worst fp8 code distance, padded and saturated cases) travel on the
-pytest report (``user_properties``) to the plugin, which writes them to ``outcomes.jsonl`` under
-``$MLA_FUSE_REPORT_DIR`` for ``mla-fuse verify``.
+CONTRACT §5 bound and in ulps, worst fp8 code distance, padded and saturated cases, and ``axes``:
+the examples per feature value) travel on the pytest report (``user_properties``) to the plugin,
+which writes them to ``outcomes.jsonl`` under ``$MLA_FUSE_REPORT_DIR`` for ``mla-fuse verify``.
 """
 
 from __future__ import annotations
@@ -124,6 +124,13 @@ class PropertyStats:
     worst_fp8_code_diff: int = 0
     padded_slot_cases: int = 0
     saturation_cases: int = 0
+    axes: dict = dataclasses.field(default_factory=dict)  # {axis: {value: examples}}: what the examples exercised
+
+    def exercised(self, found: dict[str, str]) -> None:
+        """Count one example's feature values (``features.features``)."""
+        for axis, value in found.items():
+            values = self.axes.setdefault(axis, {})
+            values[value] = values.get(value, 0) + 1
 
     def as_record(self, outcome: str) -> dict:
         record = dataclasses.asdict(self)
@@ -165,7 +172,12 @@ class Recorder:
 
     def starting(self, prop, impl, device, case) -> None:
         """Save the example before it runs, so a crash (segfault, device error) leaves it behind,
-        and arm the hang watchdog (see the module docstring)."""
+        and arm the hang watchdog (see the module docstring). Its feature values are counted
+        (a bad-input example's are not: its operation refuses it)."""
+        if self.stats is not None and not isinstance(case, case_types.BadInputCase):
+            from mla_fuse_conformance.cases.features import features
+
+            self.stats.exercised(features(case, prop.rotates))
         if self.track_inflight:
             path = inflight_path()
             path.parent.mkdir(parents=True, exist_ok=True)
