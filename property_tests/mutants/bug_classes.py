@@ -69,6 +69,8 @@ BUG_CLASSES: dict[str, tuple[str, str]] = {
     "one_head_stride_for_q_and_k": ("Strides and aliasing", "one head stride (the smaller) used for q and k"),
     "writes_to_copy": ("Strides and aliasing", "rope writes land in a contiguous copy"),
     "storage_offset_dropped": ("Strides and aliasing", "views addressed from storage offset 0"),
+    "misaligned_vector_store": ("Strides and aliasing", "bf16 rotated halves (R/2 >= 8) stored with 16-byte vectors "
+                                "as if aligned: a half not 16-byte aligned lands shifted to the aligned address below"),
     # Bad input (CONTRACT §4)
     "validates_after_writing": ("Padding and slots", "argument checks run after the writes"),
     "rotary_width_larger_than_head_accepted": ("RoPE geometry", "a table wider than the head accepted"),
@@ -84,6 +86,8 @@ APPROXIMATED = {
     "entry_tile_256_without_loop": "a kernel's fixed tile over an entry's columns, modelled likewise",
     "token_grid_capped_at_65535": "a grid dimension capped at CUDA's limit, modelled by dropping the rows past it",
     "positions_narrowed_to_16_bits": "a narrow position type in a kernel, modelled by reducing positions mod 2^16",
+    "misaligned_vector_store": "an aligned vector store at a misaligned address (a fault on x86 and CUDA), modelled "
+                               "as the half's values written from the aligned address below (wrapping within the half)",
 }
 
 #: Variants without a bug (other declarations, honoured): the suite must pass them.
