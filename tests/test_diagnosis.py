@@ -21,6 +21,7 @@ from mla_fuse_conformance.cases import tensors
 from mla_fuse_conformance.cases import types as case_types
 from mla_fuse_conformance.cases.types import MlaCase, Placement, SlotSpec, TableSpec
 from mla_fuse_conformance.commands.conformance_map import map_property
+from mla_fuse_conformance.commands import diagnosis
 from mla_fuse_conformance.commands.diagnosis import data_fields
 from mla_fuse_conformance.contract.implementation import load_implementation
 from mla_fuse_conformance.running.harness import property_named
@@ -254,3 +255,29 @@ def test_a_partial_cell_shows_a_failing_and_a_passing_example_one_field_apart(us
     with pytest.raises(AssertionError):
         prop.run(impl, torch.device("cpu"), failing)
     prop.run(impl, torch.device("cpu"), passing)
+
+
+def test_a_misaligned_vector_store_is_named_by_its_alignment_not_a_width(user_dir):
+    """``mutant:misaligned_vector_store`` (bf16 halves of 8+ elements stored as if 16-byte aligned, the
+    vLLM CPU rope fault): its cell names a half that is not 16-byte aligned, not the rotary width."""
+    impl = load_implementation("mutant:misaligned_vector_store")
+    prop = property_named("test_mla:test_fused_mla_matches_reference")
+    found = map_property(prop, impl, "cpu", lambda case: prop.run(impl, torch.device("cpu"), case),
+                         max_examples=30, rounds=1)
+    assert found.cells, found.lines()
+    condition, title = found.cells[0].diagnosis["condition"], found.cells[0].title()
+    assert any(kind == "relation" and name.endswith("half 16-byte aligned") and value == "no"
+               for kind, name, value in condition), title
+    assert "rotary_dim" not in title, title
+
+
+def test_alignment_relations_come_from_the_addresses():
+    case = MlaCase(seed=1, tokens=3, heads=2, latent=4, rotary_dim=18, dtype="bfloat16", kv_cache_dtype="auto",
+                   num_blocks=3, block_size=3, slots=SlotSpec(3), table=TableSpec("plain", 18, 4), is_neox=True,
+                   q_place=Placement(lead=8))
+    relations = diagnosis.alignment_relations(tensors.build(case, "cpu"))
+    assert relations["q_pe first half 16-byte aligned"] is False  # heads 36 bytes apart
+    assert relations["q_pe second half 16-byte aligned"] is False and relations["rotary half >= 16 bytes"]
+    aligned = dataclasses.replace(case, heads=1, tokens=1)  # one row 16 bytes in; its second half 18 bytes on
+    relations = diagnosis.alignment_relations(tensors.build(aligned, "cpu"))
+    assert relations["q_pe first half 16-byte aligned"] and not relations["q_pe second half 16-byte aligned"]

@@ -34,6 +34,27 @@ def _verify(impl: str, tmp_path) -> dict:
     return json.loads((tmp_path / "report.json").read_text())
 
 
+def _has_avx512_bf16() -> bool:
+    try:
+        return "avx512_bf16" in open("/proc/cpuinfo").read().split()
+    except OSError:
+        return False
+
+
+def _assert_a_random_case_crashes_on_a_misaligned_half(report: dict) -> None:
+    """The bf16 NeoX rope's aligned 16-byte store (docs/VLLM_CPU.md) is met by the random-case map, and
+    its cell names a half that is not 16-byte aligned, not a rotary width."""
+    name = "test_rotary_embedding:test_rotary_embedding_matches_reference"
+    rope = next(m for m in report["maps"] if m["property"] == name)
+    crashes = [cell for cell in rope["cells"] if cell["kind"].startswith("crashed")]
+    assert crashes, [cell["kind"] for cell in rope["cells"]]
+    for cell in crashes:
+        condition = cell["diagnosis"]["condition"]
+        assert any(kind == "relation" and name.endswith("half 16-byte aligned") and value == "no"
+                   for kind, name, value in condition), condition
+        assert not any("rotary_dim" in name for _, name, _ in condition), condition
+
+
 def test_vllm_as_vllm_loads_it_here_is_mapped(tmp_path):
     report = _verify("vllm", tmp_path)
     assert report["operations"]["rotary_embedding"]["verdict"] == "FAIL"
@@ -45,6 +66,8 @@ def test_vllm_as_vllm_loads_it_here_is_mapped(tmp_path):
         assert os.path.exists(cell["file"])
     confirmed = {(c["axis"], c["value"]) for c in report["limits"] if c["outcome"] == "confirmed"}
     assert {("table dtype", "float32"), ("positions dtype", "int32")} <= confirmed
+    if _has_avx512_bf16():  # vLLM loads the _C build here (_C_AVX512, without BF16, needs no alignment)
+        _assert_a_random_case_crashes_on_a_misaligned_half(report)
 
 
 @pytest.mark.skipif(not __import__("torch").cpu._is_avx512_supported(),
@@ -62,3 +85,4 @@ def test_the_amx_build_maps_both_operations_and_survives_its_crashes(tmp_path):
     assert any(block_stride in " ".join(str(part) for condition in (cell.get("diagnosis") or {}).get("condition", [])
                                       for part in condition)
                for cell in mla["cells"]), [cell.get("diagnosis") for cell in mla["cells"]]
+    _assert_a_random_case_crashes_on_a_misaligned_half(report)

@@ -14,7 +14,9 @@ serves three purposes:
 case with that value and everything else kept as far as possible, or None where the value cannot
 be reached from this case (then projections reject the example and the map does not vary it).
 This module declares the axes and computes a case's features; each axis' getter and setter live in
-``input_axes.py`` (the inputs) and ``cache_axes.py`` (the cache, its scales and the slot mapping).
+``input_axes.py`` (the inputs), ``cache_axes.py`` (the cache, its scales and the slot mapping) and
+``alignment_axes.py`` (the byte alignment of each input's rows, heads and rotated halves, and of the
+cache's entries).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from mla_fuse_conformance.cases import cache_axes, input_axes
+from mla_fuse_conformance.cases import alignment_axes, cache_axes, input_axes
+from mla_fuse_conformance.cases.alignment_axes import ALIGNMENTS
 from mla_fuse_conformance.cases.types import FlashCase, MlaCase, RopeCase
 from mla_fuse_conformance.declarations.dtypes import FLOAT_DTYPES, FP8_STORAGES, INDEX_DTYPES, KV_CACHE_DTYPES
 
@@ -75,6 +78,11 @@ AXES: tuple[Axis, ...] = (
     Axis("slot_mapping length", ("= T", "< T"), cache_axes.slot_length_of, cache_axes.set_slot_length),
     Axis("tokens", ("2-16", "1", "0", ">16"), input_axes.tokens_of),
     Axis("NaN inputs", ("no", "yes"), input_axes.nan_of, input_axes.set_nan),
+    # bytes dividing every row, head and rotated half start (alignment_axes.py)
+    Axis("q alignment", ALIGNMENTS, alignment_axes.q_alignment_of, alignment_axes.set_q_alignment, rope_only=True),
+    Axis("k alignment", ALIGNMENTS, alignment_axes.k_alignment_of, alignment_axes.set_k_alignment),
+    Axis("kv_c alignment", ALIGNMENTS, alignment_axes.kv_c_alignment_of, alignment_axes.set_kv_c_alignment),
+    Axis("cache alignment", ALIGNMENTS, alignment_axes.cache_alignment_of, alignment_axes.set_cache_alignment),
 )
 AXIS = {axis.name: axis for axis in AXES}
 

@@ -92,6 +92,13 @@ class Buffer:
 def placed(name: str, shape, placement, dtype: torch.dtype, device, seed: int,
            fill=None) -> tuple[Buffer, torch.Tensor]:
     """A buffer holding one view of ``shape`` placed as ``placement`` (cases.Placement)."""
+    numel, strides, start = placed_geometry(shape, placement)
+    buffer = Buffer(name, numel, dtype, device, seed, fill)
+    return buffer, buffer.add_view(name, shape, strides, start)
+
+
+def placed_geometry(shape, placement) -> tuple[int, tuple[int, ...], int]:
+    """``(buffer elements, view strides, view start)`` of ``placed``, without allocating."""
     rank = len(shape)
     pad = tuple(placement.pad) + (0,) * (rank - len(placement.pad))
     offset = tuple(placement.offset) + (0,) * (rank - len(placement.offset))
@@ -99,26 +106,30 @@ def placed(name: str, shape, placement, dtype: torch.dtype, device, seed: int,
     order = tuple(placement.order) if len(placement.order) == rank else tuple(range(rank))
     strides = row_major_strides(parent_shape, order)
     numel = placement.lead + math.prod(max(extent, 1) for extent in parent_shape) + placement.trail
-    buffer = Buffer(name, numel, dtype, device, seed, fill)
-    start = placement.lead + sum(o * s for o, s in zip(offset, strides))
-    return buffer, buffer.add_view(name, shape, strides, start)
+    return numel, strides, placement.lead + sum(o * s for o, s in zip(offset, strides))
 
 
 def packed(name: str, rows: int, members: dict[str, tuple[int, ...]], placement, dtype, device, seed: int):
     """One ``[rows, columns]`` buffer whose column slices are the members (a fused projection
     output split into q/k/v or kv_c/k_pe). ``members`` maps a view name to its shape past the
     token dim; the views sit side by side after ``placement.offset[1]`` columns."""
+    numel, row_stride, starts = packed_geometry(rows, members, placement)
+    buffer = Buffer(name, numel, dtype, device, seed)
+    views = {member: buffer.add_view(member, (rows, *tail), (row_stride, *row_major_strides(tail)), starts[member])
+             for member, tail in members.items()}
+    return buffer, views
+
+
+def packed_geometry(rows: int, members: dict[str, tuple[int, ...]], placement) -> tuple[int, int, dict[str, int]]:
+    """``(buffer elements, row stride, {member: view start})`` of ``packed``, without allocating."""
     pad = tuple(placement.pad) + (0, 0)
     offset = tuple(placement.offset) + (0, 0)
     widths = {member: math.prod(tail) for member, tail in members.items()}
     columns = offset[1] + sum(widths.values()) + max(pad[1] - offset[1], 0)
     row_stride = max(columns, 1)
     numel = placement.lead + max(rows + pad[0], 1) * row_stride + placement.trail
-    buffer = Buffer(name, numel, dtype, device, seed)
-    column = offset[1]
-    views = {}
-    for member, tail in members.items():
-        start = placement.lead + offset[0] * row_stride + column
-        views[member] = buffer.add_view(member, (rows, *tail), (row_stride, *row_major_strides(tail)), start)
+    column, starts = offset[1], {}
+    for member in members:
+        starts[member] = placement.lead + offset[0] * row_stride + column
         column += widths[member]
-    return buffer, views
+    return numel, row_stride, starts

@@ -18,7 +18,7 @@ def placements(draw, rank: int, *, permute_outer: bool = False, inner_offset: in
     (``permute_outer``) the outer dims in any memory order. ``inner_offset`` columns precede
     the view (``q[..., nope:]``)."""
     if not always and not inner_offset and not draw(st.booleans()):
-        return Placement()
+        return Placement() if draw(st.booleans()) else Placement(lead=draw(storage_offsets(max_lead)))
     pad = [draw(st.integers(0, max_pad)) for _ in range(rank)]
     if not any(pad):  # a strided view: rows (or heads) padded, so every outer stride grows
         pad[-1] = draw(st.integers(1, max_pad))
@@ -28,7 +28,14 @@ def placements(draw, rank: int, *, permute_outer: bool = False, inner_offset: in
     order = tuple(range(rank))
     if permute_outer:
         order = tuple(draw(st.permutations(list(range(rank - 1))))) + (rank - 1,)
-    return Placement(tuple(pad), tuple(offset), order, draw(st.integers(0, max_lead)), draw(st.integers(0, 5)))
+    return Placement(tuple(pad), tuple(offset), order, draw(storage_offsets(max_lead)), draw(st.integers(0, 5)))
+
+
+def storage_offsets(max_lead: int = 7):
+    """Elements before a view's buffer: ``0..max_lead`` (a start off 16 bytes for every dtype: a slice
+    of a fused projection) or 8, 16, 32 (16-, 32-, 64-byte aligned for 2-byte dtypes), so that each
+    alignment (``alignment_axes``) is drawn, a misaligned one most often."""
+    return st.one_of(st.integers(0, max_lead), st.sampled_from((8, 16, 32)))
 
 
 @st.composite

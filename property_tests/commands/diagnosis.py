@@ -9,8 +9,9 @@ Given hypothesis' shrunk failing case:
    to hide the one wrong element must not make "no NaN" part of the trigger). A field whose every
    tried value fails carries no information and is dropped; the others are the trigger's fields,
    reported as ``block_size: 3, 5 fail; 1, 2, 4 pass``.
-2. Compute derived relations (``fields.relations``: strides against sizes, powers of two, lengths)
-   on every tried case. A relation that takes one value on every failing case tried and another
+2. Compute derived relations (``fields.relations``: strides against sizes, powers of two, lengths;
+   ``alignment_relations``: which rotated halves start 16-byte aligned) on every tried case. A
+   relation that takes one value on every failing case tried and another
    on every passing one *separates* them. Each trigger field is explained by the relation that
    separates its own values and explains most fields (greedy); a relation that separates every
    case tried is named as the trigger itself (``kv_cache block stride == block_size x entry
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 from typing import Callable
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, reject, settings
@@ -70,9 +72,39 @@ def relations_of(case) -> dict[str, bool] | None:
     from mla_fuse_conformance.cases import tensors
 
     try:
-        return case_fields.relations(tensors.build(_base(case), "cpu"))
+        built = tensors.build(_base(case), "cpu")
+        return {**case_fields.relations(built), **alignment_relations(built)}
     except Exception:  # noqa: BLE001 - a varied case the builders refuse is not tried
         return None
+
+
+ROTATED = {"query": "q", "key": "k", "q_pe": "q_pe", "k_pe": "k_pe"}  # argument -> its name in a relation
+VECTOR_BYTES = 16  # one SSE/NEON vector, a CUDA 16-byte access; the store vLLM's CPU rope faults on
+
+
+def alignment_relations(built) -> dict[str, bool]:
+    """Whether every first half (a head's start) and every second half of each rotated input starts at a
+    16-byte aligned address (the built tensors' own addresses), and whether a half is one vector or
+    more: a misaligned vector access reads ``q second half 16-byte aligned: no``, not a width."""
+    table = built.args.get("cos_sin_cache")
+    if table is None:
+        return {}
+    half, out = table.size(1) // 2, {}
+    for name, short in ROTATED.items():
+        view = built.args.get(name)
+        if view is None or not view.numel():
+            continue
+        head_size = table.size(1) if name.endswith("_pe") else getattr(built.case, "head_size", view.size(-1))
+        heads = view.size(1) if view.dim() == 3 else view.size(1) // head_size
+        head_stride = view.stride(1) if view.dim() == 3 else head_size
+        size = view.element_size()
+        steps = [stride * size for stride, extent in ((view.stride(0), view.size(0)), (head_stride, heads))
+                 if extent > 1]
+        for part, start in (("first half", 0), ("second half", half)):
+            out[f"{short} {part} {VECTOR_BYTES}-byte aligned"] = math.gcd(view.data_ptr() + start * size,
+                                                                           *steps) % VECTOR_BYTES == 0
+        out[f"rotary half >= {VECTOR_BYTES} bytes"] = half * size >= VECTOR_BYTES
+    return out
 
 
 @dataclasses.dataclass

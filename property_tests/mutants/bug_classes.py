@@ -76,6 +76,8 @@ BUG_CLASSES: dict[str, tuple[str, str]] = {
     "storage_offset_dropped": ("Strides and aliasing", "views addressed from storage offset 0"),
     "k_pe_read_with_kv_c_row_stride": ("Strides and aliasing", "a contiguous kv_c's fast path addresses a strided "
                                        "k_pe with kv_c's row stride"),
+    "misaligned_vector_store": ("Strides and aliasing", "bf16 rotated halves (R/2 >= 8) stored with 16-byte vectors "
+                                "as if aligned: a half not 16-byte aligned lands shifted to the aligned address below"),
     # Bad input (CONTRACT §4)
     "validates_after_writing": ("Padding and slots", "argument checks run after the writes"),
     "rotary_width_larger_than_head_accepted": ("RoPE geometry", "a table wider than the head accepted"),
@@ -92,6 +94,8 @@ APPROXIMATED = {
     "token_grid_capped_at_65535": "a grid dimension capped at CUDA's limit, modelled by dropping the rows past it",
     "positions_narrowed_to_16_bits": "a narrow position type in a kernel, modelled by reducing positions mod 2^16",
     "heads_x_pairs_tile_2048_without_loop": "one tile over a head's pairs and the heads, modelled likewise",
+    "misaligned_vector_store": "an aligned vector store at a misaligned address (a fault on x86 and CUDA), modelled "
+                               "as the half's values written from the aligned address below (wrapping within the half)",
 }
 
 #: Variants without a bug (other declarations, honoured): the suite must pass them.

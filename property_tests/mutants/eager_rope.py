@@ -124,6 +124,9 @@ class RopeStage:
         if self.bug == "pairs_permuted_in_output" and not is_neox:
             pairs = torch.arange(rotary_dim // 2, device=x.device)
             first, second = pairs, pairs + rotary_dim // 2
+        if self.bug == "misaligned_vector_store" and is_neox:
+            new_a = _stored_as_if_aligned(x, 0, new_a)
+            new_b = _stored_as_if_aligned(x, rotary_dim // 2, new_b)
         x[..., first] = new_a
         x[..., second] = new_b
 
@@ -145,3 +148,21 @@ class RopeStage:
             # the smaller of the two head strides for both: it stays inside both allocations
             return torch.as_strided(x, x.shape, (x.stride(0), self.shared_head_stride, 1), x.storage_offset())
         return x
+
+
+VECTOR_BYTES = 16  # misaligned_vector_store: 8 bf16 values per aligned store (vLLM CPU's vmovdqa)
+
+
+def _stored_as_if_aligned(x: torch.Tensor, start: int, half: torch.Tensor) -> torch.Tensor:
+    """``half [T, heads, R/2]`` (the new values of the elements at ``start`` of each head of ``x``) as
+    an aligned 16-byte vector store leaves them: where the half's address is ``m`` elements past a
+    16-byte boundary (bf16, R/2 >= 8), every value lands ``m`` elements early, the first ``m`` wrapping
+    to the half's end; elsewhere unchanged."""
+    width = half.size(-1)
+    if x.dtype != torch.bfloat16 or width < VECTOR_BYTES // 2:
+        return half
+    tokens, heads = torch.arange(x.size(0))[:, None], torch.arange(x.size(1))[None, :]
+    address = x.data_ptr() + (tokens * x.stride(0) + heads * x.stride(1) + start) * x.element_size()
+    misaligned = (address % VECTOR_BYTES) // x.element_size()  # [T, heads], in elements
+    columns = (torch.arange(width)[None, None, :] + misaligned[..., None]) % width
+    return half.gather(-1, columns.to(half.device))
