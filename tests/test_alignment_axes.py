@@ -36,7 +36,7 @@ def _input_addresses(case, view, name: str) -> list[int]:
 def _cache_addresses(built) -> list[int]:
     cache = built.args.get("kv_cache", built.args.get("key_cache"))
     steps = [cache.stride(d) * cache.element_size() for d in range(cache.dim() - 1) if cache.size(d) > 1]
-    if getattr(built.case, "shared_pool", False):
+    if getattr(built.case, "kv_form", "split") != "split":
         steps.append(built.args["value_cache"].data_ptr() - cache.data_ptr())
     return [cache.data_ptr(), *steps]
 

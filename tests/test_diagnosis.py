@@ -25,6 +25,7 @@ from mla_fuse_conformance.commands import diagnosis
 from mla_fuse_conformance.commands.diagnosis import data_fields
 from mla_fuse_conformance.contract.implementation import load_implementation
 from mla_fuse_conformance.running.harness import property_named
+from mla_fuse_conformance.settings import profiles
 
 MLA_PROPERTY = "test_mla:test_mla_cache_write_matches_reference"
 ADAPTERS = '''
@@ -153,7 +154,10 @@ def _map(spec: str, max_examples: int = 30, known: tuple = ()):
     ("PaddedEntriesWritten", "slots.padding", "slots.padding"),
 ])
 def test_a_field_wrong_alone_is_named_with_its_failure_rate(user_dir, spec, field, failing):
-    found = _map(spec)
+    # The map starts from no failing example here (verify's starts from the test's). In the first
+    # 50 derandomized draws of the current MLA cache-write strategy no fp8 case writes a slot and
+    # no non-power-of-two block is written: twice verify's ci budget finds both.
+    found = _map(spec, max_examples=2 * profiles.CI_MAX_EXAMPLES)
     assert found.cells, found.lines()
     cell = found.cells[0]
     diagnosis = cell.diagnosis

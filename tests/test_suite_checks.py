@@ -33,7 +33,7 @@ from mla_fuse_conformance.cases.types import FlashCase, MlaCase, RopeCase, Table
 from mla_fuse_reference import fp8 as ref_fp8
 from mla_fuse_reference import ops as ref_ops
 
-STRATEGY_EXAMPLES = 150
+STRATEGY_EXAMPLES = 300  # the strategies draw engine layouts, independent placements and offsets beside the sizes
 
 
 def features(case) -> set[str]:

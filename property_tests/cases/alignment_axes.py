@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from mla_fuse_conformance.cases.memory import packed_geometry, placed_geometry, row_major_strides
+from mla_fuse_conformance.cases.memory import packed_geometry, placed_geometry, pool_order, row_major_strides
 from mla_fuse_conformance.cases.types import FlashCase, MlaCase, RopeCase
 
 ALIGNMENTS = ("64", "32", "16", "<16")  # bytes; the first that divides every address, simplest first
@@ -48,9 +48,9 @@ def _activations(case) -> dict[str, tuple[int, tuple[int, ...], tuple[int, ...]]
     """``{name: (start, strides, sizes)}`` of the inputs, heads split out (``[T, heads, width]``)."""
     if isinstance(case, MlaCase):
         shapes = {"q_pe": (case.heads, case.rotary_dim), "kv_c": (1, case.latent), "k_pe": (1, case.rotary_dim)}
-        places = {"q_pe": case.q_place, "kv_c": case.kv_place, "k_pe": case.kv_place}
+        places = {"q_pe": case.q_place, "kv_c": case.kv_c_place, "k_pe": case.k_pe_place}
         packed = {"kv_c": (case.latent,), "k_pe": (case.rotary_dim,)} if case.kv_packed else {}
-        place_of_packed = case.kv_place
+        place_of_packed = case.kv_c_place  # the packed [T, L + R] parent (tensors.build_mla)
     else:
         shapes = {"query": (case.heads, case.head_size)}
         if case.kv_heads:
@@ -98,7 +98,7 @@ def _cache(case) -> Geometry | None:
         _, strides, start = placed_geometry((*sizes, case.latent + case.rotary_dim), case.cache_place)
         return Geometry(element_bytes, start, _steps(strides, sizes))
     sizes = (case.num_blocks, case.block_size, case.kv_heads)
-    if not case.shared_pool:
+    if case.kv_form == "split":
         place = dataclasses.replace(case.cache_place, order=tuple(case.cache_order) + (3,))
         _, strides, start = placed_geometry((*sizes, case.head_size), place)
         return Geometry(element_bytes, start, _steps(strides, sizes))
@@ -106,20 +106,15 @@ def _cache(case) -> Geometry | None:
 
 
 def _shared_pool(case: FlashCase, sizes) -> tuple[int, tuple[int, ...]]:
-    """``(key_cache start, steps)`` in vLLM's flash pool ``[NB, 2, B, Hkv, D]`` (``tensors._flash_caches``);
-    the value cache one k/v step further is a step too."""
+    """``(key_cache start, steps)`` in the K/V pool ``case.kv_form`` lays out (``tensors._flash_caches``:
+    ``[NB, B, Hkv, D, 2]`` in ``memory.pool_order``); the value cache one K/V step further is a step too."""
     place = case.cache_place
     pad = tuple(place.pad) + (0,) * (4 - len(place.pad))
     offset = tuple(place.offset) + (0,) * (4 - len(place.offset))
-    shape = (sizes[0] + pad[0], 2, sizes[1] + pad[1], sizes[2] + pad[2], case.head_size + pad[3])
-    pool_dim = {0: 0, 1: 2, 2: 3}
-    order = []
-    for dim in case.cache_order:
-        order += [pool_dim[dim], 1] if dim == 0 else [pool_dim[dim]]
-    strides = row_major_strides(shape, tuple(order) + (4,))
-    view_strides = (strides[0], strides[2], strides[3], strides[4])
-    start = place.lead + sum(o * s for o, s in zip(offset, view_strides))
-    return start, (*_steps(view_strides[:3], sizes), strides[1])
+    shape = (sizes[0] + pad[0], sizes[1] + pad[1], sizes[2] + pad[2], case.head_size + pad[3], 2)
+    strides = row_major_strides(shape, pool_order(case.kv_form, tuple(case.cache_order) + (3,)))
+    start = place.lead + sum(o * s for o, s in zip(offset, strides))
+    return start, (*_steps(strides[:3], sizes), strides[4])
 
 
 def q_alignment_of(case):
@@ -163,11 +158,11 @@ def _q_field(case):
 
 def _k_field(case):
     if isinstance(case, MlaCase):
-        return "kv_place"
+        return "kv_c_place" if case.kv_packed else "k_pe_place"
     return "query_place" if case.qkv_packed else "key_place"
 
 
 set_q_alignment = _lead_setter(q_alignment_of, _q_field)
 set_k_alignment = _lead_setter(k_alignment_of, _k_field)
-set_kv_c_alignment = _lead_setter(kv_c_alignment_of, lambda case: "kv_place")
+set_kv_c_alignment = _lead_setter(kv_c_alignment_of, lambda case: "kv_c_place")
 set_cache_alignment = _lead_setter(cache_alignment_of, lambda case: "cache_place")

@@ -133,3 +133,16 @@ def packed_geometry(rows: int, members: dict[str, tuple[int, ...]], placement) -
         starts[member] = placement.lead + offset[0] * row_stride + column
         column += widths[member]
     return numel, row_stride, starts
+
+
+def pool_order(kv_form: str, order: tuple[int, ...]) -> tuple[int, ...]:
+    """Memory order (outermost first) of a K/V pool ``[NB, B, Hkv, D, 2]``: the K/V dim outermost
+    (``flash``), right after the block dim (``flashinfer``) or just inside the head (``halves``)."""
+    if kv_form == "flash":
+        return (4, *order)
+    if kv_form == "flashinfer":
+        at = order.index(0) + 1
+        return (*order[:at], 4, *order[at:])
+    if kv_form == "halves":
+        return (*order[:-1], 4, order[-1])
+    raise ValueError(f"FlashCase: kv_form {kv_form!r} is not one of split, flash, flashinfer, halves")

@@ -365,7 +365,7 @@ def _flash_caches(built: Built, case: FlashCase, dtype: torch.dtype) -> None:
     pad = tuple(place.pad) + (0,) * (4 - len(place.pad))
     offset = tuple(place.offset) + (0,) * (4 - len(place.offset))
     shape = (NB + pad[0], B + pad[1], Hkv + pad[2], case.head_size + pad[3], 2)
-    strides = memory.row_major_strides(shape, _pool_order(case.kv_form, order))
+    strides = memory.row_major_strides(shape, memory.pool_order(case.kv_form, order))
     numel = place.lead + math.prod(max(extent, 1) for extent in shape) + place.trail
     buffer = memory.Buffer("kv_pool", numel, dtype, built.device, case.seed)
     start = place.lead + sum(o * s for o, s in zip(offset, strides))
@@ -373,19 +373,6 @@ def _flash_caches(built: Built, case: FlashCase, dtype: torch.dtype) -> None:
         size = case.head_size if index == 0 else case.value_head_size
         view = buffer.add_view(name, (NB, B, Hkv, size), strides[:4], start + index * strides[4])
         built.add(buffer, **{name: view})
-
-
-def _pool_order(kv_form: str, order: tuple[int, ...]) -> tuple[int, ...]:
-    """Memory order (outermost first) of a K/V pool ``[NB, B, Hkv, D, 2]``: the K/V dim outermost
-    (``flash``), right after the block dim (``flashinfer``) or just inside the head (``halves``)."""
-    if kv_form == "flash":
-        return (4, *order)
-    if kv_form == "flashinfer":
-        at = order.index(0) + 1
-        return (*order[:at], 4, *order[at:])
-    if kv_form == "halves":
-        return (*order[:-1], 4, order[-1])
-    raise ValueError(f"FlashCase: kv_form {kv_form!r} is not one of split, flash, flashinfer, halves")
 
 
 BUILDERS = {RopeCase: build_rope, MlaCase: build_mla, FlashCase: build_flash}
