@@ -36,7 +36,8 @@ def test_committed_rows_are_current(operation):
 
 def test_generator_writes_the_committed_module():
     rows = {operation: interactions.committed_rows(operation) for operation in OPERATIONS}
-    assert _generator().render(rows) == interactions.ROWS_FILE.read_text()
+    pairs = {operation: interactions.committed_pairs(operation) for operation in OPERATIONS}
+    assert _generator().render(rows, pairs) == interactions.ROWS_FILE.read_text()
 
 
 @pytest.mark.parametrize("operation", OPERATIONS)
@@ -44,6 +45,7 @@ def test_every_pair_is_held(operation):
     coverage = interactions.pair_coverage(interactions.interaction_cases(operation), operation)
     assert coverage["strength"] == 2 and coverage["total"] > 0
     assert coverage["missing"] == [] and coverage["covered"] == coverage["total"], coverage["missing"][:5]
+    assert interactions.committed_pairs(operation) == coverage["total"], "the report's pair count is stale"
 
 
 def test_coverage_names_what_is_missing():

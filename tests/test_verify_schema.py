@@ -142,3 +142,17 @@ def test_the_recorder_counts_each_examples_feature_values():
     tokens = record["axes"]["tokens"]
     assert sum(tokens.values()) == len(strategies.edge_cases("mla")) and tokens.get("0") and tokens.get("1")
     assert json.loads(json.dumps(record))["axes"] == record["axes"]
+
+
+def test_the_pairs_of_an_interactions_property_that_ran_are_stated_with_its_outcome():
+    from mla_fuse_conformance.cases import interactions
+
+    line = {"nodeid": "property_tests/properties/test_interactions.py::test_fused_mla_interactions", "when": "call",
+            "outcome": "failed", "metrics": {"operations": ["concat_and_cache_mla_rope_fused"]}}
+    other = {"nodeid": "property_tests/properties/test_mla.py::test_fused_mla_matches_reference", "when": "call",
+             "outcome": "passed", "metrics": {"operations": ["concat_and_cache_mla_rope_fused"]}}
+    pairs = report_json.pairs_coverage([line, other])
+    assert pairs == {"concat_and_cache_mla_rope_fused": {
+        "strength": 2, "cases": len(interactions.committed_rows("concat_and_cache_mla_rope_fused")),
+        "pairs": interactions.committed_pairs("concat_and_cache_mla_rope_fused"), "outcome": "failed"}}
+    assert report_json.pairs_coverage([other]) == {}

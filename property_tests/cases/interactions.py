@@ -280,6 +280,12 @@ def committed_rows(operation: str) -> list[dict[str, str]]:
     return [dict(row) for row in rows]
 
 
+def committed_pairs(operation: str) -> int:
+    """How many feasible pairs of parameter values the committed covering array of ``operation``
+    holds: all of them (``tests/test_interactions.py``), counted when the rows were generated."""
+    return json.loads(ROWS_FILE.read_text())["pairs"][operation]
+
+
 def interaction_cases(operation: str) -> list:
     """The committed covering array of ``operation`` as cases."""
     design, cases = Design.of(operation), []

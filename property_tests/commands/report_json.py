@@ -23,7 +23,24 @@ VALUE_EVENTS = {"NaN input": ("NaN inputs", "yes"), "short slot_mapping": ("slot
                 "empty batch": ("tokens", "0")}
 DEPLOYMENT_TEST = re.compile(r"::test_(?P<operation>\w+)_in_deployment\[(?P<name>.+)\]$")
 UNSUPPORTED = "not supported (declared)"
-PAIRS_FIELD = "pairs"  # coverage.pairs: the covering array's pairs reached (cases/interactions.pair_coverage), not written yet
+INTERACTIONS_TEST = re.compile(r"test_interactions\.py::test_\w+_interactions$")
+
+
+def pairs_coverage(outcomes: list[dict]) -> dict:
+    """``coverage.pairs``: per operation whose interactions property ran, the covering array's
+    strength, its cases, the feasible pairs of parameter values they hold (all of them, counted when
+    the rows were generated) and the property's outcome. Cases moved onto an implementation's
+    declared limits may hold fewer pairs than counted: the outcome is the verdict."""
+    from mla_fuse_conformance.cases import interactions
+
+    found = {}
+    for line in outcomes:
+        if line.get("when") == "call" and INTERACTIONS_TEST.search(line.get("nodeid", "")):
+            operations = (line.get("metrics") or {}).get("operations") or []
+            for operation in operations:
+                found[operation] = {"strength": 2, "cases": len(interactions.committed_rows(operation)),
+                                    "pairs": interactions.committed_pairs(operation), "outcome": line["outcome"]}
+    return found
 
 
 def kind_class(kind: str) -> str:
@@ -117,14 +134,14 @@ def axes_coverage(outcomes: list[dict], impl) -> dict[str, dict[str, int]]:
 
 
 def coverage(outcomes: list[dict], impl, deployment_verdicts: list[dict]) -> dict:
-    """report.json's ``coverage`` (``pairs``, the covering array's pairs reached, is not written yet)."""
+    """report.json's ``coverage``."""
     axes = axes_coverage(outcomes, impl)
     counted = [line.get("metrics") or {} for line in outcomes]
     events = {event: sum(int(metrics.get(field, 0)) for metrics in counted if metrics.get("impl") == impl.spec)
               for event, field in COUNTED_EVENTS.items()}
     events.update({event: axes.get(axis, {}).get(value, 0) for event, (axis, value) in VALUE_EVENTS.items()})
     verdicts = collections.Counter(entry["verdict"] for entry in deployment_verdicts)
-    return {"axes": axes, "events": events,
+    return {"axes": axes, "events": events, "pairs": pairs_coverage(outcomes),
             "deployments": {"run": sum(n for verdict, n in verdicts.items() if verdict not in (UNSUPPORTED, "skipped")),
                             "passed": verdicts["pass"], UNSUPPORTED: verdicts[UNSUPPORTED]}}
 
@@ -179,6 +196,9 @@ def coverage_lines(found: dict) -> list[str]:
     lines.append("  events: " + ", ".join(f"{event} {count}" for event, count in found["events"].items()))
     runs = found["deployments"]
     lines.append(f"  deployments: {runs['run']} run, {runs['passed']} passed, {runs[UNSUPPORTED]} {UNSUPPORTED}")
+    for operation, pairs in found.get("pairs", {}).items():
+        lines.append(f"  interactions of {operation}: all {pairs['pairs']} feasible pairs of feature values and size "
+                     f"crossings in {pairs['cases']} cases (strength {pairs['strength']}): {pairs['outcome']}")
     zero = [f"{axis} {value}" for axis, values in found["axes"].items() for value, count in values.items() if not count]
     zero += [event for event, count in found["events"].items() if not count]
     if zero:
