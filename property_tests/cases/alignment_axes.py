@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from mla_fuse_conformance.cases.memory import packed_geometry, placed_geometry, pool_order, row_major_strides
+from mla_fuse_conformance.cases.memory import packed_geometry, placed_geometry, pool_geometry
 from mla_fuse_conformance.cases.types import FlashCase, MlaCase, RopeCase
 
 ALIGNMENTS = ("64", "32", "16", "<16")  # bytes; the first that divides every address, simplest first
@@ -108,12 +108,8 @@ def _cache(case) -> Geometry | None:
 def _shared_pool(case: FlashCase, sizes) -> tuple[int, tuple[int, ...]]:
     """``(key_cache start, steps)`` in the K/V pool ``case.kv_form`` lays out (``tensors._flash_caches``:
     ``[NB, B, Hkv, D, 2]`` in ``memory.pool_order``); the value cache one K/V step further is a step too."""
-    place = case.cache_place
-    pad = tuple(place.pad) + (0,) * (4 - len(place.pad))
-    offset = tuple(place.offset) + (0,) * (4 - len(place.offset))
-    shape = (sizes[0] + pad[0], sizes[1] + pad[1], sizes[2] + pad[2], case.head_size + pad[3], 2)
-    strides = row_major_strides(shape, pool_order(case.kv_form, tuple(case.cache_order) + (3,)))
-    start = place.lead + sum(o * s for o, s in zip(offset, strides))
+    _, strides, start = pool_geometry((*sizes, case.head_size), case.cache_place, case.kv_form,
+                                      tuple(case.cache_order) + (3,))
     return start, (*_steps(strides[:3], sizes), strides[4])
 
 

@@ -146,3 +146,14 @@ def pool_order(kv_form: str, order: tuple[int, ...]) -> tuple[int, ...]:
     if kv_form == "halves":
         return (*order[:-1], 4, order[-1])
     raise ValueError(f"FlashCase: kv_form {kv_form!r} is not one of split, flash, flashinfer, halves")
+
+
+def pool_geometry(sizes: tuple[int, int, int, int], place, kv_form: str, order: tuple[int, ...]):
+    """``(shape, strides, start)`` of a K/V pool ``[NB, B, Hkv, D, 2]`` holding two caches of
+    ``sizes`` (``NB, B, Hkv, D``), padded and offset as ``place`` says, in ``pool_order(kv_form,
+    order)``; the key cache starts at ``start``, the value cache one ``strides[4]`` further."""
+    pad = tuple(place.pad) + (0,) * (4 - len(place.pad))
+    offset = tuple(place.offset) + (0,) * (4 - len(place.offset))
+    shape = tuple(size + extra for size, extra in zip(sizes, pad)) + (2,)
+    strides = row_major_strides(shape, pool_order(kv_form, order))
+    return shape, strides, place.lead + sum(o * s for o, s in zip(offset, strides))

@@ -362,13 +362,9 @@ def _flash_caches(built: Built, case: FlashCase, dtype: torch.dtype) -> None:
         return
     # one pool: the cache dims (NB, B, Hkv, D) padded as cache_place says, and a K/V dim (4) of 2
     place = case.cache_place
-    pad = tuple(place.pad) + (0,) * (4 - len(place.pad))
-    offset = tuple(place.offset) + (0,) * (4 - len(place.offset))
-    shape = (NB + pad[0], B + pad[1], Hkv + pad[2], case.head_size + pad[3], 2)
-    strides = memory.row_major_strides(shape, memory.pool_order(case.kv_form, order))
+    shape, strides, start = memory.pool_geometry((NB, B, Hkv, case.head_size), place, case.kv_form, order)
     numel = place.lead + math.prod(max(extent, 1) for extent in shape) + place.trail
     buffer = memory.Buffer("kv_pool", numel, dtype, built.device, case.seed)
-    start = place.lead + sum(o * s for o, s in zip(offset, strides))
     for index, name in enumerate(("key_cache", "value_cache")):
         size = case.head_size if index == 0 else case.value_head_size
         view = buffer.add_view(name, (NB, B, Hkv, size), strides[:4], start + index * strides[4])
