@@ -23,4 +23,5 @@ def deselect_inapplicable(config, items: list, impl) -> None:
     inapplicable = [item for item in items if only_skips(item.get_closest_marker("mla_fuse"), impl)]
     if inapplicable:
         config.hook.pytest_deselected(items=inapplicable)
-        items[:] = [item for item in items if item not in inapplicable]
+        dropped = {id(item) for item in inapplicable}
+        items[:] = [item for item in items if id(item) not in dropped]
