@@ -73,6 +73,12 @@ def state(config) -> SuiteState:
     return config.stash[_STATE]
 
 
+def pytest_addhooks(pluginmanager):
+    from mla_fuse_conformance import hookspecs
+
+    pluginmanager.add_hookspecs(hookspecs)
+
+
 def pytest_addoption(parser):
     group = parser.getgroup("mla_fuse", "mla_fuse conformance suite")
     group.addoption(
@@ -203,8 +209,9 @@ def pytest_report_collectionfinish(config, items):
 
 def pytest_generate_tests(metafunc):
     """A deployment property (``properties/test_deployments.py``, marked by ``mla_fuse_deployments``)
-    runs once per deployment of its operation, the suite's and the implementation's own (its
-    ``deployments`` attribute, checked), each test id the deployment's name."""
+    runs once per deployment of its operation, the suite's and the user's own (the implementation's
+    ``deployments`` attribute and a conftest's ``pytest_mla_fuse_deployments`` hook, checked),
+    each test id the deployment's name."""
     operation = getattr(metafunc.function, "mla_fuse_deployments", None)
     if operation is None:
         return
@@ -216,7 +223,7 @@ def pytest_generate_tests(metafunc):
     except ImplementationError:
         target = None  # the mla_fuse_impl fixture reports it
     try:
-        theirs = user_deployments(target)
+        theirs = user_deployments(target, metafunc.config.hook.pytest_mla_fuse_deployments(config=metafunc.config))
     except ValueError as error:
         raise pytest.UsageError(f"{metafunc.config.getoption('mla_fuse_impl') or 'the implementation'}: {error}") \
             from None

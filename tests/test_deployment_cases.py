@@ -135,6 +135,37 @@ def test_an_adapters_deployments_run_beside_the_suites(tmp_path):
     assert wrong.returncode != 0 and "my-glm-prefill: heads 3, kv_heads 2: per_rank(1)" in wrong.stdout + wrong.stderr
 
 
+CONFTEST = '''
+from mla_fuse_conformance.declarations.deployments import Deployment
+from mla_fuse_conformance.declarations.presets import Preset
+
+OURS = Preset("our-model", "our config", attention="mha", layers=2, heads=12, kv_heads=4, head_size=128,
+              rotary_dim=96, table_rows=8192, is_neox=True)
+
+def pytest_mla_fuse_deployments(config):
+    return [Deployment("our-model-tp1-fp8-decode", OURS, 1, 12, 4, "fp8_e4m3", "tensor", 16, "vllm-flash",
+                       "decode", 4, ("rotary_embedding", "reshape_and_cache_flash"), "our model, partial rotary", ())]
+'''
+
+
+def test_a_conftest_declares_deployments_of_its_own_model(tmp_path):
+    """The ``pytest_mla_fuse_deployments`` hook: a conftest's deployment of a model the suite has no
+    preset for runs beside the suite's (and passes on the reference); given twice, one line says so."""
+    import subprocess
+    import sys
+
+    (tmp_path / "conftest.py").write_text(CONFTEST)
+    command = [sys.executable, "-m", "pytest", "--pyargs", "mla_fuse_conformance.properties.test_deployments",
+               "-q", "-p", "no:randomly", "-p", "no:cacheprovider", "--mla-fuse-impl=reference", "-k", "our-model"]
+    ran = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True)
+    assert ran.returncode == 0 and "2 passed" in ran.stdout, ran.stdout[-3000:] + ran.stderr[-2000:]
+    (tmp_path / "conftest.py").write_text(CONFTEST + "\n\ndef pytest_mla_fuse_deployments(config):\n    return [OURS_DEPLOYMENT] * 2\n"
+                                          "OURS_DEPLOYMENT = Deployment('twice', OURS, 1, 12, 4, 'auto', 'unit', 16, "
+                                          "'vllm-flash', 'decode', 4, ('rotary_embedding',), 'x', ())\n")
+    twice = subprocess.run([*command, "--collect-only"], cwd=tmp_path, capture_output=True, text=True)
+    assert twice.returncode != 0 and "twice: declared twice" in twice.stdout + twice.stderr, twice.stdout[-2000:]
+
+
 def test_cases_saved_before_the_placements_were_split_read_as_they_were_meant():
     from mla_fuse_conformance.cases.types import Placement, from_json, to_jsonable
 

@@ -171,7 +171,7 @@ SUITE_LAYERS: tuple[tuple[str, ...], ...] = (
     ("compile_passes",),  # the compile-pass kit: cases, models, layers, checks, opcheck, broken passes
     ("properties", "mutants", "adapters"),  # the leaves: none imports another
     ("commands",),  # cli, verify, conformance map, fuzz
-    ("plugin", "__main__", "__init__"),  # loose modules at the top
+    ("plugin", "hookspecs", "__main__", "__init__"),  # loose modules at the top
 )
 LEAVES = {"properties", "mutants", "adapters"}
 LAYER = {name: rank for rank, names in enumerate(SUITE_LAYERS) for name in names}

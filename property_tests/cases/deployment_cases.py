@@ -16,8 +16,9 @@ at its per-rank sizes and its (CPU-sized) token count:
   only the rows read are computed however long it is.
 
 ``engine_placements(layout, operation, sizes)`` is also what the strategies use to draw an
-engine's layout at drawn sizes (``strategies.py``). ``user_deployments(target)`` reads and checks
-an adapter's own ``deployments = (Deployment(...), ...)`` attribute.
+engine's layout at drawn sizes (``strategies.py``). ``user_deployments(target, hooked)`` reads and checks
+an adapter's own ``deployments = (Deployment(...), ...)`` attribute and a conftest's
+``pytest_mla_fuse_deployments`` hook.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from mla_fuse_conformance.cases.types import (FlashCase, MlaCase, Placement, Pos
 from mla_fuse_conformance.declarations.deployments import DEPLOYMENTS, Deployment, problems_of
 from mla_fuse_conformance.declarations.engine_layouts import LAYOUTS, EngineLayout, placement_of, size_of
 from mla_fuse_conformance.declarations.operations import FAMILY_OF_OPERATION, FUSED_OPERATIONS
-from mla_fuse_conformance.declarations.presets import PRESETS
 
 ACTIVATIONS = "bfloat16"
 FP8_STORAGE = "uint8"
@@ -66,7 +66,7 @@ def _without_head_dim(place: Placement) -> Placement:
 
 
 def table_of(deployment: Deployment, layout: EngineLayout) -> TableSpec:
-    preset, sizes = PRESETS[deployment.preset], deployment.sizes()
+    preset, sizes = deployment.model, deployment.sizes()
     dtype = layout.table_dtype
     if preset.attention == "mla":
         return TableSpec("deepseek_yarn", sizes["rotary_dim"], YARN_ORIGINAL_POSITIONS, dtype=dtype,
@@ -100,7 +100,7 @@ def _rope_case(deployment: Deployment, layout: EngineLayout, operation: str) -> 
     head_size = size_of(query.shape[-1], sizes) if rank == 3 else sizes["head_size"]
     positions, _ = batch_specs(deployment)
     return RopeCase(seed=SEED, tokens=deployment.tokens, heads=heads, kv_heads=kv_heads, head_size=head_size,
-                    dtype=ACTIVATIONS, is_neox=PRESETS[deployment.preset].is_neox, table=table_of(deployment, layout),
+                    dtype=ACTIVATIONS, is_neox=deployment.model.is_neox, table=table_of(deployment, layout),
                     positions=positions, rank=rank, query_place=places["query"],
                     key_place=places.get("key", Placement()), values=ValueSpec())
 
@@ -117,7 +117,7 @@ def _mla_case(deployment: Deployment, layout: EngineLayout, operation: str) -> M
     table = table_of(deployment, layout) if fused else TableSpec("plain", rotary_dim, 1)
     return MlaCase(seed=SEED, tokens=deployment.tokens, heads=sizes["heads"] if fused else 1, latent=sizes["latent"],
                    rotary_dim=rotary_dim, dtype=ACTIVATIONS, slots=slots, table=table,
-                   is_neox=PRESETS[deployment.preset].is_neox, positions=positions if fused else PositionSpec(),
+                   is_neox=deployment.model.is_neox, positions=positions if fused else PositionSpec(),
                    q_place=places.get("q_pe", Placement()) if fused else Placement(), kv_packed=False,
                    kv_c_place=places["kv_c"], k_pe_place=places["k_pe"], scale=SCALES[deployment.scale],
                    **_blocks(deployment), **cache_format(deployment))
@@ -133,7 +133,7 @@ def _flash_case(deployment: Deployment, layout: EngineLayout, operation: str) ->
     return FlashCase(seed=SEED, tokens=deployment.tokens, heads=sizes["heads"] if fused else sizes["kv_heads"],
                      kv_heads=sizes["kv_heads"], head_size=sizes["head_size"],
                      value_head_size=sizes["value_head_size"], dtype=ACTIVATIONS, slots=slots, table=table,
-                     is_neox=PRESETS[deployment.preset].is_neox, cache_order=(0, 2, 1) if layout.cache.hnd else (0, 1, 2),
+                     is_neox=deployment.model.is_neox, cache_order=(0, 2, 1) if layout.cache.hnd else (0, 1, 2),
                      kv_form=kv_form, positions=positions if fused else PositionSpec(),
                      query_place=places.get("query", Placement()) if fused else Placement(),
                      key_place=places["key"], value_place=places["value"], k_scale=scale, v_scale=scale,
@@ -162,16 +162,21 @@ def deployment_cases(operation: str, deployments=DEPLOYMENTS) -> dict[str, objec
     return {d.name: deployment_case(d, operation) for d in deployments_running(operation, deployments)}
 
 
-def user_deployments(target) -> tuple[Deployment, ...]:
-    """An adapter's ``deployments`` attribute, checked: a ValueError names each problem, and a name
-    that is one of the suite's own."""
-    declared = tuple(getattr(target, "deployments", ()) or ())
+def user_deployments(target, hooked=()) -> tuple[Deployment, ...]:
+    """The user's own deployments, checked: an adapter's ``deployments`` attribute and those a
+    conftest returns from the ``pytest_mla_fuse_deployments`` hook (``hooked``: one iterable per
+    hook implementation). A ValueError names each problem: not a ``Deployment``, what
+    ``problems_of`` finds, a name of one of the suite's deployments, a name given twice."""
+    declared = tuple(getattr(target, "deployments", ()) or ()) + tuple(d for group in hooked for d in group or ())
     ours = {d.name for d in DEPLOYMENTS}
     problems = [f"{d!r} is not a Deployment" for d in declared if not isinstance(d, Deployment)]
+    seen = set()
     for d in declared:
         if isinstance(d, Deployment):
-            problems += problems_of(d) + ([f"{d.name}: the name of one of the suite's deployments"]
-                                          if d.name in ours else [])
+            problems += problems_of(d, user=True) + ([f"{d.name}: the name of one of the suite's deployments"]
+                                                     if d.name in ours else [])
+            problems += [f"{d.name}: declared twice"] if d.name in seen else []
+            seen.add(d.name)
     if problems:
         raise ValueError("deployments: " + "; ".join(problems))
     return declared

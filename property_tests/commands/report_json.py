@@ -168,7 +168,7 @@ def deployments(outcomes: list[dict], maps: list) -> list[dict]:
             continue
         deployment = named.get(match["name"])
         source = ("user" if deployment is None else
-                  f"{deployment.preset} TP {deployment.tp}, {deployment.layout}: {', '.join(deployment.sources)}")
+                  f"{deployment.model_name} TP {deployment.tp}, {deployment.layout}: {', '.join(deployment.sources)}")
         failure = line.get("failure") or {}
         verdict = deployment_verdict(line)
         found.append({"name": match["name"], "source": source, "operation": match["operation"], "verdict": verdict,

@@ -5,7 +5,8 @@ A ``Deployment``'s fields (a user declares their own in the same form; ``problem
 is wrong with one):
 
 ``name``            unique across the suite
-``preset``          a ``presets.PRESETS`` name; ``tp`` a degree of ``presets.TP_DEGREES``
+``preset``          a ``presets.PRESETS`` name, or a ``presets.Preset`` of the user's own model; ``tp``
+                    a degree of ``presets.TP_DEGREES``
 ``heads``,          the per-rank query and KV heads (``kv_heads`` 0 for MLA), as ``Preset.per_rank(tp)``
 ``kv_heads``        gives them: stated so a reader sees them, checked so they cannot drift
 ``kv_cache_dtype``  ``auto``, ``bfloat16`` or ``fp8_e4m3`` (``dtypes.KV_CACHE_DTYPES``)
@@ -22,7 +23,7 @@ is wrong with one):
 ``operations``      the ``operations.OPERATIONS`` it runs, each one of its layout's
 ``why``             the conditions it combines
 ``sources``         ``path:line`` in the pinned engine of the settings that make it (block size,
-                    backend, cache format)
+                    backend, cache format); a user's deployment may leave it empty
 
 ``cpu_elements`` gives what one example allocates: the parents of its inputs, the cache (blocks as
 ``num_blocks`` says) and the cos/sin table (``table_rows x rotary_dim``; only the rows read are
@@ -42,7 +43,7 @@ import re
 from .dtypes import KV_CACHE_DTYPES
 from .engine_layouts import LAYOUTS, SCALE_KINDS, size_of
 from .operations import CACHING_OPERATIONS, OPERATIONS
-from .presets import PRESETS, TP_DEGREES
+from .presets import PRESETS, TP_DEGREES, Preset
 
 BATCHES = ("decode", "prefill")
 # q_lora_rank of each MLA preset (its config.json, the preset's source); 0: no q-LoRA
@@ -53,7 +54,7 @@ SOURCE_FORM = re.compile(r"^[\w./-]+\.py:\d+$")
 @dataclasses.dataclass(frozen=True)
 class Deployment:
     name: str
-    preset: str
+    preset: str | Preset
     tp: int
     heads: int
     kv_heads: int
@@ -67,10 +68,19 @@ class Deployment:
     why: str
     sources: tuple[str, ...]
 
+    @property
+    def model(self) -> Preset:
+        """The model's geometry: the named preset, or the user's own ``Preset``."""
+        return self.preset if isinstance(self.preset, Preset) else PRESETS[self.preset]
+
+    @property
+    def model_name(self) -> str:
+        return self.model.name
+
     def sizes(self) -> dict[str, int]:
         """Every size the layout's expressions name: ``Preset.per_rank(tp)``, ``tokens``, ``q_lora_rank``."""
-        return dict(PRESETS[self.preset].per_rank(self.tp), tokens=self.tokens,
-                    q_lora_rank=Q_LORA_RANK.get(self.preset, 0))
+        return dict(self.model.per_rank(self.tp), tokens=self.tokens,
+                    q_lora_rank=Q_LORA_RANK.get(self.model_name, 0))
 
     def num_blocks(self) -> int:
         """Blocks the cache needs: one per decode token, or the chunk from mid-block on, plus a spare."""
@@ -94,12 +104,15 @@ def cpu_elements(deployment: Deployment) -> dict[str, int]:
     return dict(inputs=sum(parents.values()), cache=cache, table=sizes["table_rows"] * sizes["rotary_dim"])
 
 
-def problems_of(deployment: Deployment) -> list[str]:
-    """What is wrong with ``deployment``, one message per problem (empty: nothing)."""
+def problems_of(deployment: Deployment, user: bool = False) -> list[str]:
+    """What is wrong with ``deployment``, one message per problem (empty: nothing). A ``user``'s
+    deployment may name its own ``Preset`` and leave ``sources`` empty."""
     d = deployment
-    if d.preset not in PRESETS or d.layout not in LAYOUTS:
-        return [f"{d.name}: preset {d.preset!r} or layout {d.layout!r} unknown"]
-    layout, preset = LAYOUTS[d.layout], PRESETS[d.preset]
+    known = isinstance(d.preset, Preset) if user else False
+    if not (known or (isinstance(d.preset, str) and d.preset in PRESETS)) or d.layout not in LAYOUTS:
+        return [f"{d.name}: preset {getattr(d.preset, 'name', d.preset)!r} or layout {d.layout!r} unknown"
+                + (" (a PRESETS name or a Preset)" if user else "")]
+    layout, preset = LAYOUTS[d.layout], d.model
     per_rank = preset.per_rank(d.tp) if d.tp in TP_DEGREES else {}
     checks = {
         f"tp {d.tp} not in {TP_DEGREES}": d.tp in TP_DEGREES,
@@ -113,7 +126,7 @@ def problems_of(deployment: Deployment) -> list[str]:
         f"scale {d.scale!r} not one {d.layout} passes with a {d.kv_cache_dtype} cache": d.scale in SCALE_KINDS and (
             d.scale in layout.scales if d.kv_cache_dtype.startswith("fp8") else d.scale == "unit"),
         f"batch {d.batch!r} not in {BATCHES}": d.batch in BATCHES,
-        f"sources {d.sources} not all path:line": bool(d.sources) and all(SOURCE_FORM.match(s) for s in d.sources),
+        f"sources {d.sources} not all path:line": (user or bool(d.sources)) and all(SOURCE_FORM.match(s) for s in d.sources),
     }
     return [f"{d.name}: {message}" for message, ok in checks.items() if not ok]
 

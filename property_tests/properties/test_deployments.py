@@ -12,10 +12,11 @@ A deployment outside the implementation's declared limits (its ``capabilities``)
 reason ``not supported (declared): <axis> <value>, ...`` (the report's per-deployment verdicts read
 the node ids and these reasons), not moved inside them as random cases are.
 
-A user's own deployments: an adapter attribute ``deployments = (Deployment(...), ...)``
-(``mla_fuse_conformance.declarations.deployments.Deployment``; ``problems_of`` says what is wrong
-with one): the plugin checks them and runs them in these tests beside the suite's, under their own
-names (``pytest_generate_tests``). ``deployments.cpu_elements`` says what one example allocates.
+A user's own deployments: an adapter attribute ``deployments = (Deployment(...), ...)``, or a
+conftest.py's ``pytest_mla_fuse_deployments(config)`` hook (``hookspecs.py``) returning them
+(``mla_fuse_conformance.declarations.deployments.Deployment``, whose ``preset`` may be the user's
+own ``Preset``; ``problems_of`` says what is wrong with one): the plugin checks them and runs them
+in these tests beside the suite's, under their own names (``pytest_generate_tests``). ``deployments.cpu_elements`` says what one example allocates.
 """
 
 import pytest
