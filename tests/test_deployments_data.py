@@ -15,7 +15,7 @@ import pytest
 from mla_fuse_conformance.cases.engine_caches import ENGINE_LAYOUTS, KV_FORMS, POOLS
 from mla_fuse_conformance.declarations.deployments import (DEPLOYMENTS, SOURCE_FORM, cpu_elements,
                                                            problems_of)
-from mla_fuse_conformance.declarations.engine_layouts import LAYOUTS, NEW_KV_FORMS, placement_of, size_of
+from mla_fuse_conformance.declarations.engine_layouts import LAYOUTS, placement_of, size_of
 from mla_fuse_conformance.declarations.operations import OPERATION_ARGUMENTS, OPERATIONS
 from mla_fuse_conformance.declarations.presets import PRESETS
 
@@ -53,8 +53,7 @@ def test_names_are_unique_across_the_suite():
     deployment_names = [deployment.name for deployment in DEPLOYMENTS]
     assert len(set(deployment_names)) == len(deployment_names), "a deployment name is used twice"
     assert all(name == layout.name for name, layout in LAYOUTS.items())
-    clashes = (set(LAYOUTS) & set(ENGINE_LAYOUTS)) | (set(LAYOUTS) & set(deployment_names)) | (
-        set(NEW_KV_FORMS) & set(KV_FORMS))
+    clashes = (set(LAYOUTS) & set(ENGINE_LAYOUTS)) | (set(LAYOUTS) & set(deployment_names))
     assert not clashes, f"one name per layout and form across the suite: {clashes}"
 
 
@@ -103,7 +102,7 @@ def test_a_layout_names_the_suites_operations_arguments_and_forms(layout):
         placed = {view.argument for view in layout.views if operation in view.operations}
         assert needed <= placed, f"{layout.name}: no view of {needed - placed} for {operation}"
     assert layout.cache.pool in POOLS
-    assert layout.cache.kv in (("",) if layout.attention == "mla" else (*KV_FORMS, *NEW_KV_FORMS))
+    assert layout.cache.kv in (("",) if layout.attention == "mla" else KV_FORMS)
     assert layout.allows_block_size(layout.block_default)
     assert all(SOURCE_FORM.match(source) for source in layout.all_sources()), layout.all_sources()
 

@@ -40,6 +40,12 @@ def test_pools_alias_as_engines_alias_them():
     assert a.stride(0) == c.stride(0) == 3 * widest and c.storage_offset() - a.storage_offset() == 2 * widest
     hnd = build_caches(SPECS, CacheLayout("chunked", "flash", hnd=True), blocks=3, block_size=4, dtype=torch.bfloat16)
     assert hnd.layers["b"].key_cache.stride()[1:] == (8, 4 * 8, 1)    # [Hkv, B, D] in memory
+    halves = build_caches(SPECS, CacheLayout("chunked", "halves"), blocks=3, block_size=4, dtype=torch.bfloat16)
+    k, v = halves.layers["b"].key_cache, halves.layers["b"].value_cache
+    assert k.stride() == v.stride() == (4 * 2 * 16, 2 * 16, 16, 1)       # each head's row: K then V
+    assert v.storage_offset() - k.storage_offset() == 8 and _storage(k) == _storage(v)
+    both = build_caches(SPECS, CacheLayout("separate", "halves", hnd=True), blocks=3, block_size=4, dtype=torch.bfloat16)
+    assert both.layers["b"].key_cache.stride() == (2 * 4 * 16, 16, 4 * 16, 1)  # [Hkv, B, 2D] in memory
 
 
 def test_clone_rebuilds_each_view_in_the_copy_and_comparison_sees_every_byte():

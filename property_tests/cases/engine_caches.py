@@ -18,6 +18,8 @@ MHA layers also have a K/V form and a head order:
   tensor (vLLM's FlashAttention backend);
 * ``kv="flashinfer"``: ``kv_cache.unbind(1)`` of ``[NB, 2, B, Hkv, D]`` (K and V of a block side by
   side; the only MHA form an interleaved pool holds, since it is block-major);
+* ``kv="halves"``: ``kv_cache.split(D, dim=-1)`` of one ``[NB, B, Hkv, 2D]`` tensor (each head's row
+  holds its K then its V: vLLM 0.33's pool, so a key_cache head stride is ``2D``);
 * ``kv="split"``: two allocations (only with ``pool="separate"``);
 * ``hnd=True``: memory order ``[.., Hkv, B, D]`` inside a block, seen as ``[.., B, Hkv, D]``
   through a permutation (vLLM's HND layout).
@@ -39,12 +41,11 @@ import torch
 
 from mla_fuse.layers import LayerKVCache
 from mla_fuse_conformance.declarations.layout_types import KV_FORMS as ALL_KV_FORMS
-from mla_fuse_conformance.declarations.layout_types import NEW_KV_FORMS
 
 SENTINEL = 0x5A
 POOLS = ("separate", "chunked", "interleaved")
-# the K/V forms (declarations.layout_types.KV_FORMS, the names the property cases use) built here
-KV_FORMS = tuple(form for form in ALL_KV_FORMS if form not in NEW_KV_FORMS)
+# the K/V forms (declarations.layout_types.KV_FORMS, the names the property cases use), all built here
+KV_FORMS = tuple(ALL_KV_FORMS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +72,7 @@ ENGINE_LAYOUTS = {  # the layouts the benchmark and the acceptance test name
     "pool_chunked": CacheLayout("chunked", "flash"),
     "pool_interleaved": CacheLayout("interleaved", "flashinfer"),
     "pool_chunked_hnd": CacheLayout("chunked", "flash", hnd=True),
+    "pool_chunked_halves": CacheLayout("chunked", "halves"),
 }
 
 
@@ -131,9 +133,13 @@ def _pool(numel: int, dtype: torch.dtype, device) -> torch.Tensor:
 
 def _mha_views(region: torch.Tensor, spec: MhaCacheSpec, layout: CacheLayout, blocks: int,
                block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V views of one layer's region (``[numel]`` for flash, ``[NB, 2 * half]`` for flashinfer)."""
+    """K and V views of one layer's region (``[numel]`` for flash, ``[NB, 2 * half]`` otherwise)."""
     heads, size = spec.kv_heads, spec.head_size
     inner = (heads, block_size, size) if layout.hnd else (block_size, heads, size)
+    if layout.kv == "halves":
+        rows = region.view(blocks, *inner[:-1], 2 * size)
+        rows = rows.transpose(1, 2) if layout.hnd else rows
+        return rows[..., :size], rows[..., size:]
     if layout.kv == "flash":
         kv = region.view(2, blocks, *inner)
         kv_dim = 0

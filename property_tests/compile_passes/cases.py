@@ -141,8 +141,9 @@ def model_specs(draw) -> ModelSpec:
 @st.composite
 def cache_layouts(draw) -> CacheLayout:
     pool = draw(st.sampled_from(("separate", "chunked", "interleaved")))
-    kv = "flashinfer" if pool == "interleaved" else draw(
-        st.sampled_from(("split", "flash", "flashinfer") if pool == "separate" else ("flash", "flashinfer")))
+    kv = draw(st.sampled_from(("flashinfer", "halves") if pool == "interleaved" else
+                              ("split", "flash", "flashinfer", "halves") if pool == "separate" else
+                              ("flash", "flashinfer", "halves")))
     return CacheLayout(pool, kv, hnd=draw(st.booleans()))
 
 

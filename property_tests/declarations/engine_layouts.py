@@ -21,8 +21,8 @@ How an entry maps onto the suite's names (``cases/types.py`` ``Placement``,
 * ``CacheForm.pool`` is ``engine_caches.POOLS`` (``separate``: one allocation per layer;
   ``chunked``: one pool, layer-outer; ``interleaved``: one pool, block-outer), ``kv`` is
   ``engine_caches.KV_FORMS`` (``flash`` ``[2, NB, B, Hkv, D]`` unbind(0); ``flashinfer``
-  ``[NB, 2, B, Hkv, D]`` unbind(1); ``split`` two allocations) or a form in ``NEW_KV_FORMS``
-  that the suite does not build yet; ``hnd`` is the suite's HND flag; MLA caches have ``kv=""``.
+  ``[NB, 2, B, Hkv, D]`` unbind(1); ``split`` two allocations; ``halves`` ``[NB, B, Hkv, 2D]``
+  split(D, dim=-1)); ``hnd`` is the suite's HND flag; MLA caches have ``kv=""``.
 * ``table_dtype`` is ``TableSpec.dtype`` (``float32`` or ``input``, the activations' dtype).
 
 Not found in the Python sources (decided in C++ or not stated): whether FlashInfer's
@@ -38,9 +38,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from .layout_types import NEW_KV_FORMS, SCALE_KINDS, CacheForm, Call, EngineLayout, View, placement_of, size_of
+from .layout_types import KV_FORMS, SCALE_KINDS, CacheForm, Call, EngineLayout, View, placement_of, size_of
 
-__all__ = ["LAYOUTS", "NEW_KV_FORMS", "SCALE_KINDS", "CacheForm", "Call", "EngineLayout", "View",
+__all__ = ["LAYOUTS", "KV_FORMS", "SCALE_KINDS", "CacheForm", "Call", "EngineLayout", "View",
            "placement_of", "size_of"]
 
 # ---------------------------------------------------------------- the views engines make
@@ -108,7 +108,7 @@ _VLLM_MHA_VIEWS = (
 _VLLM_ROPE = Call("rotary_embedding", "vllm._custom_ops.rotary_embedding (RotaryEmbedding.forward_cuda)",
                   "vllm/model_executor/layers/rotary_embedding/base.py:244")
 _VLLM_MHA_NOTES = ("The same qkv split in qwen2.py:214, gemma.py:199 and chatglm.py:130 (GLM-4, partial GPT-J "
-                   "rotary). The K/V form is not one the suite builds yet (NEW_KV_FORMS 'halves'). An "
+                   "rotary). The K/V form is 'halves' (layout_types.KV_FORMS). An "
                    "interleaved pool (BLNHC, BLHNC: block-outer) is used only when every backend of the worker "
                    "declares it (vllm/v1/attention/backends/utils.py:229).")
 

@@ -11,21 +11,16 @@ import ast
 import dataclasses
 import operator
 
-# K/V forms engines use that cases/engine_caches.py does not build yet (name -> what it is); the property
-# cases build them (cases.types.FlashCase.kv_form).
-NEW_KV_FORMS = {
-    "halves": "K and V are the two halves of each head's row: one [NB, B, Hkv, 2D] tensor (NHD) or "
-              "[NB, Hkv, B, 2D] (HND), key_cache, value_cache = kv.split(D, dim=-1); K and V of one "
-              "head sit side by side, so a key_cache row's head stride is 2D, not D",
-}
-# Every K/V form, one name each across the suite (cases.types.FlashCase.kv_form, the suite's caches).
+# Every K/V form, one name each across the suite (cases.types.FlashCase.kv_form, cases/engine_caches.py).
 KV_FORMS = {
     "split": "two allocations, key_cache [NB, B, Hkv, D] and value_cache [NB, B, Hkv, Dv]",
     "flash": "one [2, NB, B, Hkv, D] tensor, key_cache, value_cache = kv.unbind(0) (vLLM's FlashAttention, "
              "SGLang's MHA pool)",
     "flashinfer": "one [NB, 2, B, Hkv, D] tensor, key_cache, value_cache = kv.unbind(1) (K and V of a block "
                   "side by side: FlashInfer's paged_kv_cache)",
-    **NEW_KV_FORMS,
+    "halves": "K and V are the two halves of each head's row: one [NB, B, Hkv, 2D] tensor (NHD) or "
+              "[NB, Hkv, B, 2D] (HND), key_cache, value_cache = kv.split(D, dim=-1); K and V of one "
+              "head sit side by side, so a key_cache row's head stride is 2D, not D (vLLM 0.33's pool)",
 }
 # How an fp8 cache's scale is given: 1.0, one value (non-unit), one value per KV head (each different).
 SCALE_KINDS = ("unit", "tensor", "per_head")
