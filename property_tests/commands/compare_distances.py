@@ -42,31 +42,37 @@ class Distance:
         covered = {name: torch.zeros(flat.numel(), dtype=torch.bool) for name, flat in after_a.items()}
         self.cases += 1
         for buffer, index, dtype in _shared(a["rotated"], b["rotated"], after_a):
-            x, y = after_a[buffer][index].to(torch.float64), after_b[buffer][index].to(torch.float64)
-            same = (x == y) | (torch.isnan(x) & torch.isnan(y))
-            finite = torch.isfinite(x) & torch.isfinite(y)
-            measured = same | finite
-            spacing = ulp(torch.maximum(x.abs(), y.abs()), getattr(torch, dtype))
-            ulps = torch.where(same, 0.0, (x - y).abs() / spacing)[measured]
-            if ulps.numel():
-                self.max_ulps = max(self.max_ulps, float(ulps.max()))
-            covered[buffer][index[measured]] = True
+            self._rotated(after_a[buffer][index], after_b[buffer][index], dtype, covered[buffer], index)
         for buffer, index, fmt in _shared(a["fp8"], b["fp8"], after_a):
-            x, y = after_a[buffer].view(torch.uint8)[index], after_b[buffer].view(torch.uint8)[index]
-            nan_x, nan_y = fp8_is_nan(x, fmt), fp8_is_nan(y, fmt)
-            numeric = ~nan_x & ~nan_y
-            codes = (fp8_ordinal(x) - fp8_ordinal(y)).abs()[numeric]
-            if codes.numel():
-                self.max_fp8_codes = max(self.max_fp8_codes, int(codes.max()))
-            covered[buffer][index[numeric | (nan_x & nan_y)]] = True
+            self._fp8(after_a[buffer].view(torch.uint8)[index], after_b[buffer].view(torch.uint8)[index], fmt,
+                      covered[buffer], index)
         for name, flat in after_a.items():
-            width = flat.element_size()
             differs = flat.view(torch.uint8) != after_b[name].view(torch.uint8)
-            differs &= ~covered[name].repeat_interleave(width)
+            differing = int((differs & ~covered[name].repeat_interleave(flat.element_size())).sum())
             if name in a["caches"]:
-                self.cache_bytes += int(differs.sum())
+                self.cache_bytes += differing
             else:
-                self.passthrough_bytes += int(differs.sum())
+                self.passthrough_bytes += differing
+
+    def _rotated(self, x: torch.Tensor, y: torch.Tensor, dtype: str, covered: torch.Tensor, index) -> None:
+        """Rotated values: ulps apart where both are numbers or both the same (NaN and NaN included)."""
+        x, y = x.to(torch.float64), y.to(torch.float64)
+        same = (x == y) | (torch.isnan(x) & torch.isnan(y))
+        measured = same | (torch.isfinite(x) & torch.isfinite(y))
+        spacing = ulp(torch.maximum(x.abs(), y.abs()), getattr(torch, dtype))
+        ulps = torch.where(same, 0.0, (x - y).abs() / spacing)[measured]
+        if ulps.numel():
+            self.max_ulps = max(self.max_ulps, float(ulps.max()))
+        covered[index[measured]] = True
+
+    def _fp8(self, x: torch.Tensor, y: torch.Tensor, fmt: str, covered: torch.Tensor, index) -> None:
+        """fp8 codes: ordinals apart where neither is NaN; NaN and NaN is no difference."""
+        nan_x, nan_y = fp8_is_nan(x, fmt), fp8_is_nan(y, fmt)
+        numeric = ~nan_x & ~nan_y
+        codes = (fp8_ordinal(x) - fp8_ordinal(y)).abs()[numeric]
+        if codes.numel():
+            self.max_fp8_codes = max(self.max_fp8_codes, int(codes.max()))
+        covered[index[numeric | (nan_x & nan_y)]] = True
 
     def record(self) -> dict:
         return dataclasses.asdict(self)

@@ -34,6 +34,9 @@ def run_compare(impl_specs: list[str], operations: list[str], cases: int, profil
     except ImplementationError as error:
         print(f"mla-fuse compare: --impl: {error}", file=sys.stderr)
         return 2
+    if len({impl.spec for impl in impls}) < len(impls):
+        print(f"mla-fuse compare: --impl: two of {', '.join(impl_specs)} are the same implementation", file=sys.stderr)
+        return 2
     started, device = time.monotonic(), str(select_device())
     comparison = compare_report.Comparison(impls, cases, profile, seed)
     with contextlib.ExitStack() as stack:
@@ -45,7 +48,7 @@ def run_compare(impl_specs: list[str], operations: list[str], cases: int, profil
     print("\n".join(comparison.lines()))
     path = comparison.write(report_dir)
     print(f"\nwrote {path}")
-    # HTML report: (re)render the page from report_dir here (report_html.write(report_dir)).
+    # HTML REPORT HOOK: render the HTML page again from report_dir here (report_html.write(report_dir)).
     return 0
 
 
