@@ -34,9 +34,11 @@ def add_compare(commands) -> None:
                          help="an implementation (registered name or module.path:attr); give two or more")
     compare.add_argument("--op", dest="operations", action="append", default=None, metavar="OP",
                          help=f"an operation to compare (repeatable; default: all of {', '.join(OPERATIONS)})")
-    compare.add_argument("--cases", type=int, default=DEFAULT_CASES, help=f"cases per operation (default {DEFAULT_CASES})")
-    compare.add_argument("--profile", default="dev", choices=profiles.NAMES,
-                         help="hypothesis profile the sizes follow (gpu: model sizes; default: dev)")
+    compare.add_argument("--cases", type=int, default=DEFAULT_CASES,
+                         help=f"cases per operation (default {DEFAULT_CASES})")
+    compare.add_argument("--profile", default=None, choices=profiles.NAMES,
+                         help="hypothesis profile the sizes follow (gpu: model sizes; default: ci under CI=true, "
+                              "else dev)")
     compare.add_argument("--seed", type=int, default=0, help="the seed the cases are drawn with (default 0)")
     compare.add_argument("--report-dir", type=pathlib.Path, default=pathlib.Path(".mla_fuse_reports"),
                          help="where comparison.json goes (default: ./.mla_fuse_reports)")
@@ -50,7 +52,7 @@ def run(args) -> int:
     if problem is not None:
         print(f"mla-fuse compare: {problem}", file=sys.stderr)
         return 2
-    return run_compare(args.impls, args.operations or list(OPERATIONS), args.cases, args.profile,
+    return run_compare(args.impls, args.operations or list(OPERATIONS), args.cases, args.profile or profiles.default_profile(),
                        args.report_dir.absolute(), args.seed)
 
 
