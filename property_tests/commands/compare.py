@@ -52,7 +52,8 @@ def run(args) -> int:
     if problem is not None:
         print(f"mla-fuse compare: {problem}", file=sys.stderr)
         return 2
-    return run_compare(args.impls, args.operations or list(OPERATIONS), args.cases, args.profile or profiles.default_profile(),
+    profile = args.profile or profiles.default_profile()
+    return run_compare(args.impls, list(dict.fromkeys(args.operations or OPERATIONS)), args.cases, profile,
                        args.report_dir.absolute(), args.seed)
 
 
