@@ -1,4 +1,4 @@
-"""Command line of the conformance suite: ``mla-fuse {verify,repro,adapter,fuzz,db}``
+"""Command line of the conformance suite: ``mla-fuse {verify,repro,compare,adapter,fuzz,db}``
 (also ``python -m mla_fuse_conformance ...``). Works from any directory: the current
 directory is importable, so ``--impl my_adapter:MyKernels`` finds ``./my_adapter.py``.
 
@@ -15,6 +15,7 @@ import sys
 
 from mla_fuse_conformance.commands import fuzz
 from mla_fuse_conformance.commands.adapter_template import add_adapter
+from mla_fuse_conformance.commands.compare import add_compare
 from mla_fuse_conformance.declarations.options import CLI_IMPL_OPTION, CLI_REQUIRE_OPTION, DEFAULT_IMPL, IMPL_ENV_VAR
 from mla_fuse_conformance.settings import profiles
 from mla_fuse_conformance.running import recording
@@ -68,12 +69,12 @@ def add_repro(commands) -> None:
     repro.set_defaults(run=run)
 
 
-COMMANDS = (add_verify, add_repro, add_adapter, *fuzz.COMMANDS)
+COMMANDS = (add_verify, add_repro, add_compare, add_adapter, *fuzz.COMMANDS)
 
 
 DESCRIPTION = """The mla_fuse conformance suite: verify an implementation of CONTRACT section 4 (yours, through
 an adapter, or a shipped one), replay a saved failure, write an adapter skeleton, fuzz with
-HypoFuzz, share the example database.
+HypoFuzz, share the example database, compare implementations side by side.
 
 Run `mla-fuse COMMAND --help` for a command's options."""
 

@@ -14,7 +14,8 @@ so a new child after a crash costs milliseconds, not an interpreter start (and a
 inherits a used OpenMP pool or a CUDA context: the server runs no kernel). Outcomes come back on
 the child's own pipe: ``passed``, ``failed`` (an AssertionError: a wrong result), ``raised`` (any
 other exception from the kernel), ``rejected`` (outside the declared limits, or a corruption that
-does not apply) or ``not provided``.
+does not apply) or ``not provided``. ``Executor.outputs`` runs one operation on a case as it is and
+also brings back the memory it left (``running/outputs.py``, for ``mla-fuse compare``).
 """
 
 from __future__ import annotations
@@ -121,15 +122,24 @@ class Executor:
     def run(self, prop_name: str, case, within_limits: bool = True) -> None:
         """Run one example; raise what it raised (see the module docstring), inside hypothesis too.
         ``within_limits=False``: a case outside the declared limits, on purpose (limit checks)."""
-        if self.process is None or not self.process.is_alive():
-            self._start()
         from mla_fuse_conformance.running.harness import property_named
 
         factor = getattr(property_named(prop_name), "timeout_factor", 1)  # compile examples take longer
-        timeout = recording.example_timeout() * factor or None
+        self._ask({"property": prop_name, "case": case_types.to_jsonable(case), "within_limits": within_limits},
+                  recording.example_timeout() * factor or None)
+
+    def outputs(self, operation: str, case) -> dict:
+        """Run ``operation`` on ``case`` as it is (no projection) against the reference; raise like
+        ``run``, else return the memory it left (``running/outputs.py``: ``mla-fuse compare``)."""
+        return self._ask({"operation": operation, "case": case_types.to_jsonable(case)},
+                         recording.example_timeout() or None)["outputs"]
+
+    def _ask(self, request: dict, timeout: float | None) -> dict:
+        """Send ``request`` to the child; its reply, or the exception the outcome stands for."""
+        if self.process is None or not self.process.is_alive():
+            self._start()
         try:
-            self.connection.send({"property": prop_name, "case": case_types.to_jsonable(case),
-                                  "within_limits": within_limits})
+            self.connection.send(request)
             if not self.connection.poll(timeout):
                 self.process.kill()
                 self._discard()
@@ -142,7 +152,7 @@ class Executor:
             raise Crashed(crash_description(returncode)) from None
         status = result["status"]
         if status == "passed":
-            return
+            return result
         if status in ("failed", "raised"):
             # it may have come with stray writes (a kernel writing out of bounds corrupts its own
             # process's heap): the next example gets a clean child, so what it does is its own
@@ -165,16 +175,19 @@ def _serve(connection, impl_spec: str, device_name: str, require: tuple[str, ...
 
     from mla_fuse_conformance.running.harness import NotProvided, property_named
     from mla_fuse_conformance.contract.implementation import load_implementation
+    from mla_fuse_conformance.running import outputs
 
     os.chdir(cwd)
     impl = load_implementation(impl_spec, require)
     device = torch.device(device_name)
     while (request := connection.recv()) is not None:
-        prop = property_named(request["property"])
         case = case_types.from_jsonable(request["case"])
         try:
-            prop.run(impl, device, case, request["within_limits"])
-            reply = {"status": "passed"}
+            if "operation" in request:  # mla-fuse compare: the memory after the call comes back
+                reply = {"status": "passed", "outputs": outputs.capture(impl, device, request["operation"], case)}
+            else:
+                property_named(request["property"]).run(impl, device, case, request["within_limits"])
+                reply = {"status": "passed"}
         except AssertionError as error:
             reply = {"status": "failed", "message": str(error)}
         except UnsatisfiedAssumption:

@@ -1,0 +1,85 @@
+"""The run of ``mla-fuse compare`` (``compare.py``): every case on every implementation.
+
+A case outside an implementation's declared limits, or of an operation it does not provide, is
+``outside declared limits`` and does not run there. Every other case runs in the implementation's
+``executor.Executor`` child, checked against the reference like ``*_matches_reference``: ``pass``,
+``fail`` (a wrong result, or an exception the kernel raised), ``crash`` or ``hang``. Two passes
+of one case are measured against each other (``compare_distances.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import pathlib
+import sys
+import time
+
+from hypothesis.errors import UnsatisfiedAssumption
+
+from mla_fuse_conformance.commands import compare_cases, compare_report
+from mla_fuse_conformance.commands.compare_distances import Distance
+from mla_fuse_conformance.running.executor import ChildNotProvided, Crashed, Executor, Hung, RaisedInChild
+
+OUTSIDE = "outside declared limits"
+
+
+def run_compare(impl_specs: list[str], operations: list[str], cases: int, profile: str,
+                report_dir: pathlib.Path, seed: int) -> int:
+    from mla_fuse_conformance.contract.implementation import ImplementationError, load_implementation
+    from mla_fuse_conformance.running.devices import select_device
+
+    try:
+        impls = [load_implementation(spec) for spec in impl_specs]
+    except ImplementationError as error:
+        print(f"mla-fuse compare: --impl: {error}", file=sys.stderr)
+        return 2
+    if len({impl.spec for impl in impls}) < len(impls):
+        print(f"mla-fuse compare: --impl: two of {', '.join(impl_specs)} are the same implementation", file=sys.stderr)
+        return 2
+    started, device = time.monotonic(), str(select_device())
+    comparison = compare_report.Comparison(impls, cases, profile, seed)
+    with contextlib.ExitStack() as stack:
+        executors = {impl.spec: stack.enter_context(Executor(impl.spec, device, impl.required)) for impl in impls}
+        for operation in operations:
+            print(f"mla-fuse compare: {operation} ...", flush=True)
+            compare_operation(comparison, impls, executors, operation)
+    comparison.seconds = round(time.monotonic() - started, 1)
+    print("\n".join(comparison.lines()))
+    path = comparison.write(report_dir)
+    print(f"\nwrote {path}")
+    # HTML REPORT HOOK: render the HTML page again from report_dir here (report_html.write(report_dir)).
+    return 0
+
+
+def compare_operation(comparison, impls, executors: dict, operation: str) -> None:
+    """Every case of ``operation`` on every implementation, folded into ``comparison``."""
+    prop = compare_cases.reference_property(operation)
+    for case in compare_cases.draw_cases(operation, comparison.cases, comparison.seed, comparison.profile):
+        row = comparison.row(operation, compare_cases.cell_of(case, prop.rotates))
+        passed = {}
+        for impl in impls:
+            outcome, outputs = run_case(impl, executors[impl.spec], prop, operation, case)
+            row.count(impl.spec, outcome, outputs)
+            if outcome == "pass":
+                passed[impl.spec] = outputs
+        for a, b in itertools.combinations(passed, 2):
+            row.differences.setdefault((a, b), Distance()).add(passed[a], passed[b])
+
+
+def run_case(impl, executor, prop, operation: str, case) -> tuple[str, object]:
+    """``(outcome, what came with it)``: the outputs of a pass, the message of a failure."""
+    if not impl.provides(operation) or not prop.allows(impl, case):
+        return OUTSIDE, None
+    try:
+        return "pass", executor.outputs(operation, case)
+    except (UnsatisfiedAssumption, ChildNotProvided):
+        return OUTSIDE, None
+    except Hung as error:
+        return "hang", str(error)
+    except Crashed as error:
+        return "crash", str(error)
+    except RaisedInChild as error:
+        return "fail", f"raised {error.original_type}: {error}"
+    except AssertionError as error:
+        return "fail", str(error)
