@@ -48,6 +48,7 @@ import importlib.util
 import torch
 
 from mla_fuse_conformance.contract.capabilities import Capabilities
+from mla_fuse_conformance.contract.implementation import kernel_version
 from mla_fuse_conformance.declarations.dtypes import FLOAT_DTYPES, FP8_FORMAT_OF_KV_CACHE_DTYPE
 
 NOT_INSTALLED = "flashinfer is not installed: pip install flashinfer-python (needs a CUDA GPU)"
@@ -206,6 +207,7 @@ class FlashInferImplementation:
 
     def __init__(self) -> None:
         import_cuda_library("flashinfer", NOT_INSTALLED)
+        self.version = kernel_version("flashinfer")
         self._rope = importlib.import_module("flashinfer.rope")
         self._page = importlib.import_module("flashinfer.page")
 

@@ -44,6 +44,7 @@ import importlib
 
 import torch
 
+from mla_fuse_conformance.contract.implementation import kernel_version
 from mla_fuse_conformance.adapters.flashinfer import (HALF_DTYPES, ROPE, import_cuda_library, refuse,
                                                       rope_size_problem, source_bits_problem)
 
@@ -115,6 +116,7 @@ class SglangImplementation:
 
     def __init__(self) -> None:
         self._kernels = import_cuda_library("sgl_kernel", NOT_INSTALLED)
+        self.version = kernel_version("sgl_kernel")
         self._elementwise = importlib.import_module("sgl_kernel.elementwise")
         # Older sgl_kernel builds lack these: then the operation is not provided.
         if not hasattr(self._elementwise, "FusedSetKVBufferArg"):

