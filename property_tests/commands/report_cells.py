@@ -67,7 +67,7 @@ def cell_detail(report: dict, cell: dict, index: int) -> str:
                        + (f"reproduced on replay: {text(replay.get('reproduced'))}" if replay.get("reproduced")
                           is not None else "")),
             ("reproducer", reproducer(cell.get("reproducer"))), ("baseline", text(baseline_mark(report, cell)))]
-    body = table(["", ""], [[text(name), value] for name, value in rows if value], f"cell-{index}-table")
+    body = table([], [[text(name), value] for name, value in rows if value], f"cell-{index}-table")
     return (f'<section class="cell" id="cell-{index}" data-cell-id="{text(cell.get("id"))}">'
             f'<h3>{index + 1}. {text(cell.get("property"))}: {text(condition.get("text"))}</h3>'
             f"{body}{fields(cell)}</section>")

@@ -22,6 +22,8 @@ from mla_fuse_conformance.declarations.operations import OPERATIONS
 
 PAGE_FILE = "report.html"
 VERSIONS = ("python", "torch", "triton", "hypothesis", "mla_fuse")
+
+
 def header(report: dict) -> str:
     run, described = report.get("run") or {}, report.get("implementation") or {}
     verdict = str(report.get("verdict", "?"))
@@ -32,7 +34,7 @@ def header(report: dict) -> str:
             ("directory", run.get("cwd")), ("exit status", f"{run.get('exit_code')} (pytest {run.get('pytest_exit_code')})")]
     return (f'<h1>mla-fuse verify: {text(described.get("spec"))} '
             f'<span id="verdict" class="verdict {text(verdict)}">{text(verdict)}</span></h1>'
-            + table(["", ""], [[text(name), text(value)] for name, value in rows if value is not None], "what-ran"))
+            + table([], [[text(name), text(value)] for name, value in rows if value is not None], "what-ran"))
 
 
 def phases(found: dict | None) -> str:
@@ -92,7 +94,7 @@ def number(value):
 
 def conformance_map(report: dict, per_operation: dict) -> str:
     found = report.get("operations") or {}
-    provided = (report.get("implementation") or {}).get("declaration", {}).get("provides") or []
+    provided = ((report.get("implementation") or {}).get("declaration") or {}).get("provides") or []
     rows = [op for op in OPERATIONS if op in found or op in provided]
     body = ('<p>Failure rate per operation and feature value: failing / tried random cases inside the failing cells '
             'whose condition has that value (hover a square for its numbers).</p>'

@@ -23,15 +23,15 @@ def text(value) -> str:
 
 
 def table(headers: list[str], rows: list[list], table_id: str = "", row_attrs: list[str] | None = None) -> str:
-    """A table of markup: a cell is its content, or ``(attributes, content)``; ``row_attrs`` holds
-    each row's attributes (all of it escaped already)."""
+    """A table of markup (no header row where ``headers`` is empty): a cell is its content, or
+    ``(attributes, content)``; ``row_attrs`` holds each row's attributes (all of it escaped already)."""
     attrs = row_attrs or [""] * len(rows)
-    head = "".join(f"<th>{escape(header)}</th>" for header in headers)
+    head = f"<tr>{''.join(f'<th>{escape(header)}</th>' for header in headers)}</tr>" if headers else ""
     body = "".join(f"<tr{attr}>" + "".join(f"<td{cell[0]}>{cell[1]}</td>" if isinstance(cell, tuple) else
                                            f"<td>{cell}</td>" for cell in row) + "</tr>"
                    for row, attr in zip(rows, attrs))
     identity = f' id="{table_id}"' if table_id else ""
-    return f"<table{identity}><tr>{head}</tr>{body}</table>"
+    return f"<table{identity}>{head}{body}</table>"
 
 
 def section(section_id: str, title: str, body: str) -> str:
