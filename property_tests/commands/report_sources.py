@@ -64,9 +64,9 @@ def schema1_cells(maps: list[dict]) -> list[dict]:
     found = []
     for entry in maps:
         for cell in entry.get("cells") or []:
-            known = {key: cell.get(key) for key in ("features", "kind", "error", "file", "diagnosis", "source")}
-            one = PropertyMap(entry.get("property", "?"), tuple(entry.get("operations") or ()),
-                              [Cell(**{**known, "source": known["source"] or "shrunk"})], {}, 0, True)
+            known = Cell(cell.get("features") or {}, cell.get("kind") or "", cell.get("error") or "",
+                         cell.get("file") or "", cell.get("diagnosis"), cell.get("source") or "shrunk")
+            one = PropertyMap(entry.get("property", "?"), tuple(entry.get("operations") or ()), [known], {}, 0, True)
             try:
                 found += report_json.cells([one])
             except (KeyError, TypeError, ValueError):
