@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from html import escape
 
-SIZE, GAP, LABEL_WIDTH, LABEL_HEIGHT = 14, 6, 230, 150
+SIZE, GAP, LABEL_WIDTH, LABEL_HEIGHT = 16, 6, 210, 160
 PASSING, NO_EXAMPLE, UNMEASURED = "#a6d96a", "#d9d9d9", "#67000d"
 VERDICT_COLOURS = {"pass": PASSING, "fail": "#e34a33", "crash": "#67000d", "hang": "#7a0177",
                    "not supported (declared)": NO_EXAMPLE, "skipped": NO_EXAMPLE}
@@ -92,7 +92,7 @@ def heat_map(report: dict, operations: list[str], per_operation: dict) -> str:
         xs.append(x)
         x, axis = x + SIZE, square.axis
     height = LABEL_HEIGHT + SIZE * len(grid) + 4
-    parts = [f'<svg id="heatmap" xmlns="http://www.w3.org/2000/svg" width="{x + 10}" height="{height}" '
+    parts = [f'<svg id="heatmap" xmlns="http://www.w3.org/2000/svg" width="{x + LABEL_HEIGHT * 0.6}" height="{height}" '
              f'role="img" aria-label="failure rate per operation and feature value">']
     for square, left in zip(grid[0], xs):
         parts.append(f'<text class="column" x="{left + SIZE / 2}" y="{LABEL_HEIGHT - 4}" '

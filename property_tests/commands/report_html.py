@@ -3,11 +3,11 @@
 
 Standard library only: the markup is built as strings with every value passed through
 ``html.escape``; inline CSS, inline SVG (``report_heatmap.py``), no script, nothing fetched, so the
-page opens from a CI artifact as it is. Sections: what ran, the environment, the declarations,
-one row per operation, the conformance map as a heat map, the failing cells (``report_cells.py``:
+page opens from a CI artifact as it is. Sections: the verdict, what ran and the environment, one
+row per operation, the conformance map as a heat map, the failing cells (``report_cells.py``:
 each with its rate, its passing and failing values, its replay command and its reproducer), the
-deployments, the failures, the declared limits, the coverage, the baseline and the
-implementations side by side. What a test looks for has a stable ``id`` or ``data-`` attribute:
+deployments, the failures, the declarations, the declared limits, the coverage, the baseline and
+the implementations side by side. What a test looks for has a stable ``id`` or ``data-`` attribute:
 ``<tr data-cell-id="...">`` with ``<td class="rate">3/5</td>``, ``<td id="cpu-flags">``,
 ``<td data-version="torch">``.
 """
@@ -25,6 +25,7 @@ VERSIONS = ("python", "torch", "triton", "hypothesis", "mla_fuse")
 
 
 def header(report: dict) -> str:
+    """The verdict, then what ran and the environment side by side."""
     run, described = report.get("run") or {}, report.get("implementation") or {}
     verdict = str(report.get("verdict", "?"))
     rows = [("implementation", f"{described.get('spec')} ({described.get('name')})"),
@@ -33,8 +34,10 @@ def header(report: dict) -> str:
             ("duration", f"{run.get('seconds')} s" + phases(run.get("phases"))), ("command", run.get("command")),
             ("directory", run.get("cwd")), ("exit status", f"{run.get('exit_code')} (pytest {run.get('pytest_exit_code')})")]
     return (f'<h1>mla-fuse verify: {text(described.get("spec"))} '
-            f'<span id="verdict" class="verdict {text(verdict)}">{text(verdict)}</span></h1>'
-            + table([], [[text(name), text(value)] for name, value in rows if value is not None], "what-ran"))
+            f'<span id="verdict" class="verdict {text(verdict)}">{text(verdict)}</span></h1><div class="top">'
+            + section("what-ran", "What ran", table([], [[text(name), text(value)] for name, value in rows
+                                                         if value is not None], "what-ran-table"))
+            + environment(report) + "</div>")
 
 
 def phases(found: dict | None) -> str:
@@ -162,9 +165,9 @@ def render(report: dict | None, comparison: dict | None = None, per_operation: d
         title, parts = "mla-fuse compare", ["<h1>mla-fuse compare</h1>"]
     else:
         title = f"mla-fuse verify: {(report.get('implementation') or {}).get('spec')}: {report.get('verdict')}"
-        parts = [header(report), schema_note(report), environment(report), declarations(report), operations(report),
-                 conformance_map(report, per_operation or {}), report_cells.cells(report), deployments(report),
-                 failures(report), limits(report), coverage(report), report_cells.baseline(report)]
+        parts = [header(report), schema_note(report), operations(report), conformance_map(report, per_operation or {}),
+                 report_cells.cells(report), deployments(report), failures(report), declarations(report),
+                 limits(report), coverage(report), report_cells.baseline(report)]
     parts.append(report_cells.side_by_side(comparison))
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{text(title)}</title>'
             f'<style>{STYLE}</style></head><body>{"".join(parts)}</body></html>\n')

@@ -6,7 +6,7 @@ from __future__ import annotations
 from html import escape
 
 STYLE = """
-body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222;max-width:1400px}
+body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222;max-width:1800px}
 h1{font-size:1.5em}h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid #ccc}
 table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:2px 6px;vertical-align:top;text-align:left}
 th{background:#f3f3f3}pre{background:#f6f6f6;padding:4px 6px;white-space:pre-wrap;word-break:break-all;margin:2px 0}
@@ -14,7 +14,7 @@ th{background:#f3f3f3}pre{background:#f6f6f6;padding:4px 6px;white-space:pre-wra
 .verdict.FAIL{background:#c62828}.verdict.ERROR{background:#6a1b9a}.note{color:#555;font-style:italic}
 tr.FAIL td:last-child,tr.fail td:last-child,tr.crash td:last-child,tr.hang td:last-child,td.rate{color:#c62828;font-weight:bold}
 .legend span{margin-right:1.2em}.scroll{overflow-x:auto}svg text{font-size:11px}code.flag{margin-right:.4em}
-.new,.zero{color:#c62828;font-weight:bold}.known{color:#555}
+.top{display:flex;flex-wrap:wrap;gap:0 2.5em}.top h2{margin-top:.4em}.new,.zero{color:#c62828;font-weight:bold}.known{color:#555}
 """
 
 
