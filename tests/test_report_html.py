@@ -65,6 +65,14 @@ def test_the_page_shows_every_failing_cell_with_its_rate_and_the_environment(tmp
         ["crash", "pass", "not supported (declared)"]
 
 
+def test_a_gpu_run_names_the_gpu_and_its_compute_capability(tmp_path):
+    found = report()
+    found["environment"].update(backend="gpu", device={"kind": "cuda", "name": "NVIDIA H100 80GB HBM3", "count": 1,
+                                                       "compute_capability": "9.0"})
+    shown = parse(written(tmp_path, found).read_text()).find("table", id="environment-table").content()
+    assert "cuda x1 (NVIDIA H100 80GB HBM3, compute capability 9.0)" in shown and "backend gpu" in shown
+
+
 def test_values_are_escaped_and_the_page_has_no_script_and_fetches_nothing(tmp_path):
     found = report()
     found["cells"][0]["error"] = "</pre><script>alert(1)</script>"

@@ -32,7 +32,8 @@ def header(report: dict) -> str:
             ("version", described.get("version") or "unknown"), ("profile", run.get("profile")),
             ("seed policy", run.get("seed_policy")), ("started", run.get("started")),
             ("duration", f"{run.get('seconds')} s" + phases(run.get("phases"))), ("command", run.get("command")),
-            ("directory", run.get("cwd")), ("exit status", f"{run.get('exit_code')} (pytest {run.get('pytest_exit_code')})")]
+            ("directory", run.get("cwd")),
+            ("exit status", f"{run.get('exit_code')} (pytest {run.get('pytest_exit_code')})")]
     return (f'<h1>mla-fuse verify: {text(described.get("spec"))} '
             f'<span id="verdict" class="verdict {text(verdict)}">{text(verdict)}</span></h1><div class="top">'
             + section("what-ran", "What ran", table([], [[text(name), text(value)] for name, value in rows
@@ -57,16 +58,14 @@ def environment(report: dict) -> str:
         return ""
     where, cpu = found.get("device") or {}, found.get("cpu") or {}
     capability = f", compute capability {where['compute_capability']}" if where.get("compute_capability") else ""
-    body = "".join(f'<tr><td>{text(name)}</td><td data-version="{text(name)}">{text(found.get(name) or "not installed")}'
-                   f'</td></tr>' for name in VERSIONS)
-    flags = " ".join(f"<code class=\"flag\">{text(flag)}</code>" for flag in cpu.get("flags") or []) or "none found"
-    others = [("platform", text(found.get("platform"))),
-              ("device", text(f"{where.get('kind')} x{where.get('count')} ({where.get('name')}{capability})")),
-              ("backend", text("Triton's interpreter" if found.get("backend") == "interpreter" else found.get("backend"))),
-              ("CPU", text(cpu.get("model")))]
-    body += "".join(f"<tr><td>{name}</td><td>{value}</td></tr>" for name, value in others)
-    body += f'<tr><td>CPU vector flags</td><td id="cpu-flags">{flags}</td></tr>'
-    return section("environment", "Environment", f'<table id="environment-table">{body}</table>')
+    flags = " ".join(f'<code class="flag">{text(flag)}</code>' for flag in cpu.get("flags") or []) or "none found"
+    backend = "Triton's interpreter" if found.get("backend") == "interpreter" else found.get("backend")
+    rows = [[text(name), (f' data-version="{text(name)}"', text(found.get(name) or "not installed"))]
+            for name in VERSIONS]
+    rows += [["platform", text(found.get("platform"))], ["backend", text(backend)],
+             ["device", text(f"{where.get('kind')} x{where.get('count')} ({where.get('name')}{capability})")],
+             ["CPU", text(cpu.get("model"))], ["CPU vector flags", (' id="cpu-flags"', flags)]]
+    return section("environment", "Environment", table([], rows, "environment-table"))
 
 
 def declarations(report: dict) -> str:
