@@ -56,6 +56,7 @@ def test_a_one_operation_verify_runs_its_properties_only_and_prints_no_foreign_w
     collection, Inductor's included, as in a full run."""
     env = _child_environment(PYTHONPATH=str(one_op))
     env.pop("CI", None)
+    env["GITHUB_STEP_SUMMARY"] = str(one_op / "step_summary.md")
     result = subprocess.run(
         [sys.executable, "-m", "mla_fuse_conformance", "verify", "--impl", "one_op:OneOp", "--profile", "dev",
          "-n", "0", "--map-rounds", "0", "--", "-k", "cache_write_matches_reference or past_the_threshold or passes",
@@ -80,6 +81,9 @@ def test_a_one_operation_verify_runs_its_properties_only_and_prints_no_foreign_w
     rows = [line.split()[0] for line in out.splitlines() if line.startswith(("concat", "rotary", "reshape", "rope"))]
     assert rows == ["concat_and_cache_mla"], out
     assert_schema_2(json.loads((one_op / ".mla_fuse_reports" / "report.json").read_text()), result.stdout)
+    views = [one_op / ".mla_fuse_reports" / name for name in ("report.html", "summary.md")]
+    assert f"report: {views[0].parent / 'report.json'}, {views[0]}, {views[1]}, JUnit: " in out, out
+    assert (one_op / "step_summary.md").read_text() == views[1].read_text() + "\n"
 
 
 def assert_schema_2(report: dict, printed: str) -> None:

@@ -1,4 +1,4 @@
-"""Command line of the conformance suite: ``mla-fuse {verify,repro,compare,adapter,fuzz,db}``
+"""Command line of the conformance suite: ``mla-fuse {verify,repro,report,compare,adapter,fuzz,db}``
 (also ``python -m mla_fuse_conformance ...``). Works from any directory: the current
 directory is importable, so ``--impl my_adapter:MyKernels`` finds ``./my_adapter.py``.
 
@@ -69,12 +69,26 @@ def add_repro(commands) -> None:
     repro.set_defaults(run=run)
 
 
-COMMANDS = (add_verify, add_repro, add_compare, add_adapter, *fuzz.COMMANDS)
+def add_report(commands) -> None:
+    report = commands.add_parser("report", help="write report.html and summary.md again from a report directory")
+    report.add_argument("dir", type=pathlib.Path, metavar="DIR",
+                        help="a report directory: report.json (schema 1 or 2) and/or comparison.json")
+
+    def run(args) -> int:
+        from mla_fuse_conformance.commands import report_views
+
+        return report_views.main(args.dir)
+
+    report.set_defaults(run=run)
+
+
+COMMANDS = (add_verify, add_repro, add_report, add_compare, add_adapter, *fuzz.COMMANDS)
 
 
 DESCRIPTION = """The mla_fuse conformance suite: verify an implementation of CONTRACT section 4 (yours, through
-an adapter, or a shipped one), replay a saved failure, write an adapter skeleton, fuzz with
-HypoFuzz, share the example database, compare implementations side by side.
+an adapter, or a shipped one), replay a saved failure, render a report directory's HTML page and
+Markdown summary again, compare implementations side by side, write an adapter skeleton, fuzz with HypoFuzz, share the
+example database.
 
 Run `mla-fuse COMMAND --help` for a command's options."""
 

@@ -17,7 +17,7 @@ import time
 
 from hypothesis.errors import UnsatisfiedAssumption
 
-from mla_fuse_conformance.commands import compare_cases, compare_report
+from mla_fuse_conformance.commands import compare_cases, compare_report, report_html
 from mla_fuse_conformance.commands.compare_distances import Distance
 from mla_fuse_conformance.running.executor import ChildNotProvided, Crashed, Executor, Hung, RaisedInChild
 
@@ -47,8 +47,8 @@ def run_compare(impl_specs: list[str], operations: list[str], cases: int, profil
     comparison.seconds = round(time.monotonic() - started, 1)
     print("\n".join(comparison.lines()))
     path = comparison.write(report_dir)
-    print(f"\nwrote {path}")
-    # HTML REPORT HOOK: render the HTML page again from report_dir here (report_html.write(report_dir)).
+    page = report_html.write(report_dir)  # the side-by-side table, beside verify's report if the directory has one
+    print(f"\nwrote {path}, {page}")
     return 0
 
 

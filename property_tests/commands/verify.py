@@ -13,8 +13,8 @@
 4. Check each declared limit with a few cases just outside it.
 5. Print the report (what ran first: implementation, versions, device, CPU flags; the coverage
    summary last), write ``report.json`` (schema 2, docs/REPORT.md: ``report_json.py``,
-   ``environment.py``) and the environment into ``junit.xml``; exit 0 when everything passed, 1
-   otherwise.
+   ``environment.py``), its views (``report.html``, ``summary.md``: ``report_views.py``) and the
+   environment into ``junit.xml``; exit 0 when everything passed, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import sys
 import textwrap
 import time
 
-from mla_fuse_conformance.commands import environment, report_json
+from mla_fuse_conformance.commands import environment, report_json, report_views
 from mla_fuse_conformance.settings import profiles
 from mla_fuse_conformance.running import recording
 from mla_fuse_conformance.cases.features import describe
@@ -305,7 +305,8 @@ def run_verify(impl_spec: str | None, profile: str, report_dir: pathlib.Path, wo
     report = report_json.report(run, found, described, operations, outcomes, maps, limits, coverage, deployments)
     (report_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     report_json.junit_properties(report_dir / "junit.xml", found, described)
-    print(f"\nreport: {report_dir / 'report.json'}, JUnit: {report_dir / 'junit.xml'}\n"
+    views = report_views.write(report_dir, os.environ.get("GITHUB_STEP_SUMMARY"))
+    print(f"\nreport: {report_dir / 'report.json'}, {', '.join(map(str, views))}, JUnit: {report_dir / 'junit.xml'}\n"
           f"verdict: {'FAIL' if failed else 'PASS'}")
     return 1 if failed else 0
 

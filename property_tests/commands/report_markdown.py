@@ -1,0 +1,114 @@
+"""``summary.md``: a report directory's ``report.json`` as a short GitHub-flavoured Markdown
+summary, fit for ``$GITHUB_STEP_SUMMARY``: the verdict, what ran, one row per operation, the
+failing cells with their rates and replay commands, the deployments counted, and what is new
+against a baseline. A long list is cut to ``MAX_ROWS`` rows with a pointer to ``report.html``,
+so a big report stays near 60 lines.
+"""
+
+from __future__ import annotations
+
+import collections
+import pathlib
+
+from mla_fuse_conformance.commands import report_sources
+from mla_fuse_conformance.commands.report_cells import baseline_mark, rate_text
+from mla_fuse_conformance.declarations.operations import OPERATIONS
+
+SUMMARY_FILE = "summary.md"
+MAX_ROWS = 12
+
+
+def cell(value) -> str:
+    """``value`` as one Markdown table cell (no newline, no column break)."""
+    return " ".join(str("" if value is None else value).split()).replace("|", "\\|")
+
+
+def code(value) -> str:
+    return f"`{value}`" if value else ""
+
+
+def rows(headers: list[str], found: list[list], total: int) -> list[str]:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(cell(value) for value in row) + " |" for row in found[:MAX_ROWS]]
+    if total > MAX_ROWS:
+        lines.append(f"\n... {total - MAX_ROWS} more, see report.html")
+    return lines
+
+
+def what_ran(report: dict) -> list[str]:
+    run, described, found = report.get("run") or {}, report.get("implementation") or {}, report.get("environment")
+    lines = [f"## mla-fuse verify: {described.get('spec')}: **{report.get('verdict')}**", "",
+             f"{described.get('name')} version {described.get('version') or 'unknown'}, {run.get('profile')} profile, "
+             f"{run.get('seconds')} s" + (f", started {run['started']}" if run.get("started") else "")]
+    if found:
+        versions = ", ".join(f"{name} {found.get(name)}" for name in ("python", "torch", "triton", "hypothesis",
+                                                                     "mla_fuse"))
+        cpu = found.get("cpu") or {}
+        lines.append(f"{versions}; {(found.get('device') or {}).get('name')}; CPU flags: "
+                     f"{' '.join(cpu.get('flags') or []) or 'none found'}")
+    elif report.get("schema", 2) < 2:
+        lines.append("(schema 1 report: no environment, coverage or deployments; re-run `mla-fuse verify` for them)")
+    return [*lines, ""]
+
+
+def operations(report: dict) -> list[str]:
+    found = report.get("operations") or {}
+    names = [*(op for op in OPERATIONS if op in found), *(op for op in found if op not in OPERATIONS)]
+    table = [[op, found[op].get("examples"), found[op].get("passed"), found[op].get("failed"),
+              found[op].get("skipped"), found[op].get("verdict")] for op in names]
+    return [*rows(["operation", "examples", "passed", "failed", "skipped", "verdict"], table, len(table)), ""]
+
+
+def cells(report: dict) -> list[str]:
+    found = report.get("cells") or []
+    if not found:
+        return failures(report)
+    marks = bool(report.get("baseline")) or any(entry.get("known") is not None for entry in found)
+    table = [[", ".join(entry.get("operations") or []), (entry.get("condition") or {}).get("text"), entry.get("kind"),
+              rate_text(entry.get("rate")), *([baseline_mark(report, entry)] if marks else []),
+              code((entry.get("replay") or {}).get("command"))] for entry in found]
+    headers = ["operations", "failing cell", "kind", "fails", *(["baseline"] if marks else []), "replay"]
+    return [f"### Failing cells ({len(found)})", "", *rows(headers, table, len(table)), ""]
+
+
+def failures(report: dict) -> list[str]:
+    """The failures as pytest saw them, where no cell was mapped (``--map-rounds 0``)."""
+    found = report.get("failures") or []
+    table = [[entry.get("property"), entry.get("kind"), code((entry.get("replay") or {}).get("command"))]
+             for entry in found]
+    return [f"### Failures ({len(found)})", "", *rows(["property", "kind", "replay"], table, len(table)), ""] \
+        if found else []
+
+
+def deployments(report: dict) -> list[str]:
+    found = report.get("deployments")
+    if not found:
+        return []
+    counted = collections.Counter(entry.get("verdict") for entry in found)
+    return [f"Deployments: {len(found)}: " + ", ".join(f"{n} {verdict}" for verdict, n in counted.items()), ""]
+
+
+def baseline(report: dict) -> list[str]:
+    found = report.get("baseline")
+    if not found:
+        return []
+    lines = [f"Against the baseline `{cell(found.get('from'))}`: {len(found.get('new') or [])} new, "
+             f"{len(found.get('known') or [])} known, {len(found.get('now_passing') or [])} now passing", ""]
+    new = [[cell_id] for cell_id in found.get("new") or []]
+    return [*lines, *(rows(["new failing cell"], new, len(new)) + [""] if new else [])]
+
+
+def render(report: dict) -> str:
+    lines = [*what_ran(report), *operations(report), *cells(report), *deployments(report), *baseline(report)]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def write(report_dir: pathlib.Path) -> pathlib.Path:
+    """Write ``report_dir/summary.md`` from ``report_dir/report.json``; return its path."""
+    report_dir = pathlib.Path(report_dir)
+    report = report_sources.load(report_dir)
+    if report is None:
+        raise FileNotFoundError(f"{report_dir} holds no {report_sources.REPORT_FILE}")
+    path = report_dir / SUMMARY_FILE
+    path.write_text(render(report))
+    return path
