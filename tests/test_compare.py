@@ -85,6 +85,8 @@ def test_a_mutant_fails_in_the_cells_of_its_bug_and_passes_elsewhere(tmp_path, c
     assert all(row["results"]["mutant:neox_hardcoded"]["fail"] == 0 for row in neox)
     assert all(row["differences"] and row["differences"][0]["cases"] > 0 for row in neox)
     assert all("mutant:neox_hardcoded" not in row["first_failures"] for row in neox)
+    page = (tmp_path / "report.html").read_text()  # the same table, written into the HTML page
+    assert 'id="side-by-side"' in page and all(f'data-cell="{row["cell"]}"' in page for row in rows)
 
 
 def test_triton_and_the_reference_both_pass_and_stay_close(tmp_path, capsys):
