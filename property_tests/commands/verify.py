@@ -31,7 +31,7 @@ import sys
 import textwrap
 import time
 
-from mla_fuse_conformance.commands import environment, report_json
+from mla_fuse_conformance.commands import baseline, environment, report_json
 from mla_fuse_conformance.settings import profiles
 from mla_fuse_conformance.running import recording
 from mla_fuse_conformance.cases.features import describe
@@ -271,7 +271,8 @@ def run_maps(impl, outcomes: list[dict], profile: str, rounds: int, phases: dict
 
 
 def run_verify(impl_spec: str | None, profile: str, report_dir: pathlib.Path, workers: str | None,
-               extra_pytest_args: list[str], require: tuple[str, ...] = (), map_rounds: int = 6) -> int:
+               extra_pytest_args: list[str], require: tuple[str, ...] = (), map_rounds: int = 6,
+               known: baseline.Known | None = None, write_known: pathlib.Path | None = None) -> int:
     started_at, started = datetime.datetime.now(datetime.timezone.utc), time.monotonic()
     try:
         impl = load_implementation(impl_spec, require)
@@ -303,11 +304,14 @@ def run_verify(impl_spec: str | None, profile: str, report_dir: pathlib.Path, wo
            "pytest_exit_code": returncode, "exit_code": 1 if failed else 0}
     operations = {op: {**dataclasses.asdict(s), "verdict": s.verdict} for op, s in summaries.items()}
     report = report_json.report(run, found, described, operations, outcomes, maps, limits, coverage, deployments)
+    exit_code = baseline.judge(report, outcomes, known)
     (report_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     report_json.junit_properties(report_dir / "junit.xml", found, described)
-    print(f"\nreport: {report_dir / 'report.json'}, JUnit: {report_dir / 'junit.xml'}\n"
-          f"verdict: {'FAIL' if failed else 'PASS'}")
-    return 1 if failed else 0
+    if write_known:
+        baseline.write_known_failures(write_known, report)
+    print("\n".join(["", *baseline.lines(report), f"report: {report_dir / 'report.json'}, JUnit: "
+                     f"{report_dir / 'junit.xml'}", baseline.verdict_line(report)]))
+    return exit_code
 
 
 def print_what_ran(impl, profile: str, found: dict, version: str | None, header: list[str]) -> None:
