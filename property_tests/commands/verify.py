@@ -31,7 +31,7 @@ import sys
 import textwrap
 import time
 
-from mla_fuse_conformance.commands import baseline, environment, report_json
+from mla_fuse_conformance.commands import baseline, environment, progress, report_json
 from mla_fuse_conformance.settings import profiles
 from mla_fuse_conformance.running import recording
 from mla_fuse_conformance.cases.features import describe
@@ -191,7 +191,8 @@ def pytest_command(spec: str, profile: str, report_dir: pathlib.Path, workers: s
     return [sys.executable, "-m", "pytest", "--pyargs", SUITE_PACKAGE, f"--mla-fuse-impl={spec}",
             *([f"--mla-fuse-require={','.join(require)}"] if require else []),
             f"--hypothesis-profile={profiles.full_name(profile)}", f"--junitxml={report_dir / 'junit.xml'}",
-            "-p", "no:cacheprovider", "-n", workers, *ignored_modules(spec), *extra]
+            "-p", "no:cacheprovider", *([] if sys.stdout.isatty() else ["-p", progress.PLUGIN]), "-n", workers,
+            *ignored_modules(spec), *extra]
 
 
 def ignored_modules(spec: str) -> list[str]:
@@ -241,20 +242,22 @@ def run_maps(impl, outcomes: list[dict], profile: str, rounds: int, phases: dict
     max_examples = {"ci": profiles.CI_MAX_EXAMPLES, "dev": 30}.get(profile, 100)
     device = str(select_device())
     maps, limits, started = [], [], time.monotonic()
+    shown = progress.Progress(lambda text: print(text, end="", flush=True), sys.stdout.isatty())
     with Executor(impl.spec, device, impl.required) as executor:
         for name in failing_properties(outcomes):
             prop = property_named(name)
             if prop.needs_input_checks:
                 continue
-            print(f"mla-fuse verify: mapping {name} ...", flush=True)
+            shown.phase(f"mla-fuse verify: mapping {name} ...")
+            run = progress.Counted(lambda case, p=prop: executor.run(p.name, case), shown, f"mapping {name}")
             try:
                 known = tuple(case_types.from_jsonable(line["failure"]["case"]) for line in outcomes
                               if (line.get("failure") or {}).get("property") == name and line["failure"].get("case"))
-                maps.append(map_property(prop, impl, device, lambda case, p=prop: executor.run(p.name, case),
-                                         max_examples, rounds, known=known))
+                maps.append(map_property(prop, impl, device, run, max_examples, rounds, known=known))
+                shown.phase(f"{run.line()}: {len(maps[-1].cells)} failing cells")
             except Exception as error:  # noqa: BLE001 - one property's map must not cost the report
-                print(f"mla-fuse verify: the map of {name} could not be finished: {type(error).__name__}: "
-                      f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}", flush=True)
+                shown.phase(f"mla-fuse verify: the map of {name} could not be finished: {type(error).__name__}: "
+                            f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}")
                 maps.append(PropertyMap(prop.name, prop.operations, [], {}, 0, False,
                                         error=f"{type(error).__name__}: {error}"[:2000]))
         phases["map"], started = round(time.monotonic() - started, 1), time.monotonic()
@@ -264,9 +267,13 @@ def run_maps(impl, outcomes: list[dict], profile: str, rounds: int, phases: dict
                 continue
             for axis, values in impl.caps(op).restrictions(prop.rotates).items():
                 for value in values:
+                    shown.update(f"mla-fuse verify: checking the declared limits: {len(limits)} done, now {op} "
+                                 f"{axis} {value}, {progress.elapsed(time.monotonic() - started)}")
                     limits.append(check_limit(prop, impl, lambda case, p=prop: executor.run(p.name, case, False),
                                               op, axis, value))
     phases["limits"] = round(time.monotonic() - started, 1)
+    if limits:
+        shown.phase(f"mla-fuse verify: {len(limits)} declared limits checked in {phases['limits']} s")
     return maps, limits
 
 
