@@ -32,12 +32,16 @@ class Progress:
     last: float | None = None  # when the last line was written (not a terminal)
     shown: int = 0  # length of the line now shown in place (a terminal)
 
+    def due(self) -> bool:
+        """Whether ``update`` would write now (a state that is costly to gather is gathered only then)."""
+        return self.tty or self.last is None or self.clock() - self.last >= self.every
+
     def update(self, text: str) -> None:
         """The state now: in place in a terminal, else a line if ``every`` seconds have passed."""
         if self.tty:
             self.write("\r" + text.ljust(self.shown))
             self.shown = len(text)
-        elif self.last is None or self.clock() - self.last >= self.every:
+        elif self.due():
             self.write(text + "\n")
             self.last = self.clock()
 
