@@ -7,6 +7,8 @@ import types
 
 import pytest
 
+pytest_plugins = ["pytester"]
+
 from mla_fuse_conformance.commands import progress
 from mla_fuse_conformance.running.executor import Crashed
 
@@ -88,3 +90,10 @@ def test_the_pytest_child_prints_properties_done_and_examples_every_30_s():
     hooks.tick()
     assert terminal.text == "..\nmla-fuse verify: properties done 2/3, examples 30, elapsed 1:35\n"
     assert progress.properties_line(0, None, 0, 3600) == "mla-fuse verify: properties done 0/?, examples 0, elapsed 60:00"
+
+
+def test_the_plugin_registers_its_hooks_with_pytests_terminal_reporter(pytester):
+    config = pytester.parseconfigure("-p", progress.PLUGIN)
+    hooks = config.pluginmanager.get_plugin("mla_fuse_progress")
+    assert isinstance(hooks, progress.PytestProgress) and hooks.terminal is config.pluginmanager.get_plugin(
+        "terminalreporter")

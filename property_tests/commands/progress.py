@@ -130,6 +130,7 @@ class PytestProgress:
         self.stopped.set()
 
 
+@pytest.hookimpl(trylast=True)  # after the terminal reporter is registered
 def pytest_configure(config) -> None:
     terminal = config.pluginmanager.get_plugin("terminalreporter")
     if hasattr(config, "workerinput") or terminal is None:  # an xdist worker reports to the controller
