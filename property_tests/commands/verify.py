@@ -14,7 +14,7 @@
 5. Print the report (what ran first: implementation, versions, device, CPU flags; the coverage
    summary last), write ``report.json`` (schema 2, docs/REPORT.md: ``report_json.py``,
    ``environment.py``) and the environment into ``junit.xml``; exit 0 when everything passed, 1
-   otherwise.
+   otherwise; with ``--baseline`` / ``--known-failures``, 0 when no failing id is new (``baseline.py``).
 """
 
 from __future__ import annotations
