@@ -83,6 +83,19 @@ def test_every_failing_id_known_exits_0_and_a_new_one_exits_1_naming_only_it():
     assert baseline.verdict_line(found) == "verdict: FAIL (1 new, 3 known) -> exit 1"
 
 
+def test_a_cell_that_crashed_before_and_fails_with_a_wrong_result_now_is_known_but_one_that_raises_is_new():
+    """vLLM's CPU cache write past a block: SIGSEGV in one run, a wrong result in the next, same cell."""
+    condition = "a slot past the first block written: yes; block_size not 3 or 9"
+    crashed = f"{CACHE} | crashed (SIGSEGV) | {condition}"
+    now = [cell(CACHE, "wrong result", condition, {}), cell(CACHE, "raised RuntimeError", condition, {})]
+    outcomes = [failed("test_mla.py::test_mla_cache_write_matches_reference", CACHE, "wrong result")]
+    found = report(cells=now)
+    assert baseline.judge(found, outcomes, known(crashed, f"{CACHE} | failed test (crashed) | x.py::y")) == 1
+    assert found["baseline"]["known"] == [now[0]["id"]] and found["baseline"]["new"] == [now[1]["id"]]
+    assert found["baseline"]["now_passing"] == [f"{CACHE} | failed test (crashed) | x.py::y"]
+    assert [entry["known"] for entry in found["cells"]] == [True, False]
+
+
 def test_a_bad_input_failure_is_new_unless_listed_and_a_run_that_did_not_finish_stays_red():
     every = [CELLS[0]["id"], CELLS[1]["id"], *UNCOVERED]
     found = report()

@@ -10,7 +10,8 @@ way that run failed, and anything else the next run fails by is new.
 The verdict under a baseline: exit 0 when every failing id is known (listed by the baseline
 report's ``failing``, or its cells for a report that predates it, or by a known-failures file),
 1 when some are new (each printed), 2 when the run could not run. Known ids whose property ran and
-that failed no more are listed as now passing.
+that failed no more are listed as now passing. Ids match exactly but for one thing that varies
+between runs of one kernel: ``wrong result`` and ``crashed (SIGNAL)`` are one kind (``match_key``).
 """
 
 from __future__ import annotations
@@ -54,10 +55,24 @@ def short_nodeid(nodeid: str) -> str:
 
 
 def kind_family(kind: str) -> str:
-    """``wrong result``, ``raised TYPE``, ``crashed``, ``hung``: how a test's failure and a cell compare
-    (a crash seen by the test runner carries no signal; the map's does)."""
+    """How a test's failure and a cell compare: ``raised TYPE``, ``hung``, or ``wrong result or
+    crashed`` (a crash seen by the test runner carries no signal; the map's does; ``match_key``)."""
     kind = kind_class(kind)
-    return "crashed" if kind.startswith("crashed") else kind
+    return "wrong result or crashed" if kind == "wrong result" or kind.startswith("crashed") else kind
+
+
+def match_key(failing_id: str) -> str:
+    """What two ids must share to match: the id with ``wrong result`` and ``crashed (SIGNAL)`` one
+    kind. A failure that corrupts memory shows either way from run to run in the same cell
+    (vLLM's CPU cache write past a block: SIGSEGV in one run, a wrong result in the next);
+    ``raised TYPE`` and ``hung`` match only themselves."""
+    prop, _, rest = failing_id.partition(" | ")
+    kind, _, condition = rest.partition(" | ")
+    test = kind.startswith(f"{FAILED_TEST} (")
+    inner = kind[len(FAILED_TEST) + 2:-1] if test else kind
+    if inner == "wrong result" or inner.startswith("crashed"):
+        inner = "wrong result or crashed"
+    return f"{prop} | {f'{FAILED_TEST} ({inner})' if test else inner} | {condition}"
 
 
 def failed_test_id(line: dict) -> str:
@@ -157,13 +172,14 @@ def judge(report: dict, outcomes: list[dict], known: Known | None) -> int:
         report["baseline"] = None
         return exit_code
     ran = {property_key(line["nodeid"]) for line in outcomes if line["outcome"] != "skipped"}
-    gone = sorted(known.ids - set(failing))
-    report["baseline"] = {"from": list(known.sources), "known": [i for i in failing if i in known.ids],
-                          "new": [i for i in failing if i not in known.ids],
+    known_keys, failing_keys = {match_key(i) for i in known.ids}, {match_key(i) for i in failing}
+    gone = sorted(i for i in known.ids if match_key(i) not in failing_keys)
+    report["baseline"] = {"from": list(known.sources), "known": [i for i in failing if match_key(i) in known_keys],
+                          "new": [i for i in failing if match_key(i) not in known_keys],
                           "now_passing": [i for i in gone if i.split(" | ")[0] in ran],
                           "not_run": [i for i in gone if i.split(" | ")[0] not in ran]}
     for cell in report["cells"]:
-        cell["known"] = cell["id"] in known.ids
+        cell["known"] = match_key(cell["id"]) in known_keys
     pytest_ran = report["run"]["pytest_exit_code"] in (0, 1, 5) and outcomes
     if exit_code == 1 and pytest_ran and not report["baseline"]["new"] and (failing or report["verdict"] == "PASS"):
         exit_code = 0
