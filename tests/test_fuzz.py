@@ -29,7 +29,7 @@ import mla_fuse_conformance.properties.test_mla as mla_properties
 from mla_fuse_conformance.commands import cli
 from mla_fuse_conformance.settings import database
 from mla_fuse_conformance.commands import fuzz
-from mla_fuse_conformance.commands import fuzz_report
+from mla_fuse_conformance.commands import fuzz_report, fuzz_workers
 from mla_fuse_conformance.settings import profiles
 from mla_fuse_conformance.running import recording
 
@@ -210,6 +210,14 @@ def test_the_summary_counts_this_campaigns_workers_and_when_each_first_failed():
     assert summary.verdict == "did not replay"  # until the replay pass reproduces it
     summary.replay = "failed"
     assert summary.verdict == "FAIL"
+
+
+def test_the_progress_line_gives_each_workers_inputs_and_failed_properties_so_far():
+    window = fuzz.CampaignWindow(started=50.0, finished=200.0, host="runner-1", pids=frozenset({11, 12}))
+    counts = fuzz_workers.worker_counts(campaign_database(failure("x", "")), window, [{11}, {12}, {99}])
+    assert counts == [(7, 1), (1, 1), (0, 0)]
+    assert fuzz_workers.campaign_line(counts, 95) == ("fuzzing 1:35: worker 0: 7 inputs, 1 property failed; worker 1: "
+                                                      "1 inputs, 1 property failed; worker 2: 0 inputs, 0 properties failed")
 
 
 def test_a_skip_hypofuzz_stores_as_a_failure_is_reported_as_a_skip():

@@ -36,21 +36,37 @@ def add_verify(commands) -> None:
                         help="pytest-xdist workers (default: auto); a crashing kernel kills one worker, not the run")
     verify.add_argument("--map-rounds", type=int, default=6,
                         help="failing cells to look for per failing property (0: no conformance map, no limit checks)")
+    add_baseline_options(verify)
     verify.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
 
     def run(args) -> int:
         from mla_fuse_conformance.contract.implementation import ImplementationError, parse_required
+        from mla_fuse_conformance.commands import baseline
         from mla_fuse_conformance.commands.verify import run_verify
 
         try:
             require = parse_required(args.require)
-        except ImplementationError as error:
+            known = baseline.load(args.baseline, args.known_failures)
+        except (ImplementationError, baseline.BaselineError) as error:
             print(f"mla-fuse verify: {error}", file=sys.stderr)
             return 2
+        print("".join(f"mla-fuse verify: {note}\n" for note in (known.notes if known else ())), end="")
         return run_verify(args.impl, args.profile or profiles.default_profile(), args.report_dir.absolute(),
-                          args.workers, args.pytest_args, require, args.map_rounds)
+                          args.workers, args.pytest_args, require, args.map_rounds, known, args.write_known_failures)
 
     verify.set_defaults(run=run)
+
+
+def add_baseline_options(verify) -> None:
+    """Gate on new failures only (``commands/baseline.py``)."""
+    verify.add_argument("--baseline", type=pathlib.Path, action="append", default=[], metavar="REPORT_JSON",
+                        help="an earlier report.json: its failing ids are known; exit 0 when no failing id is new "
+                             "(repeatable)")
+    verify.add_argument("--known-failures", type=pathlib.Path, action="append", default=[], metavar="FILE",
+                        help="a file of known failing ids, one per line, '#' comment lines (repeatable; combines "
+                             "with --baseline)")
+    verify.add_argument("--write-known-failures", type=pathlib.Path, default=None, metavar="FILE",
+                        help="write this run's failing ids as a known-failures file")
 
 
 def add_repro(commands) -> None:

@@ -15,7 +15,8 @@ import subprocess
 import sys
 import time
 
-from mla_fuse_conformance.commands.fuzz_records import CampaignWindow, read_campaign
+from mla_fuse_conformance.commands.fuzz_records import CampaignWindow, read_campaign, total_inputs
+from mla_fuse_conformance.commands.progress import Progress, elapsed
 from mla_fuse_conformance.commands.fuzz_worker import ALL_FAILED, STOP_SIGNAL  # its line when it ends on its own
 from mla_fuse_conformance.declarations.property_modules import (COMPILE_PASS_MODULES, EXPLICIT_ONLY_MODULES,
                                                                  KERNEL_PROPERTY_MODULES)
@@ -157,16 +158,54 @@ def every_property_failed(workers: list[Worker], db, window: CampaignWindow) -> 
     return len(shrunk) >= max(counts)
 
 
+def worker_counts(db, window: CampaignWindow, owned: list[set[int]]) -> list[tuple[int, int]]:
+    """Per worker (``owned``: the pids of each worker's processes), the inputs its HypoFuzz loop has
+    run in this campaign and the properties it has failed, from HypoFuzz's latest reports."""
+    from hypofuzz.database import HypofuzzDatabase
+    from hypofuzz.database.database import test_keys_key
+    from hypothesis.internal.conjecture.data import Status
+
+    fuzz_db, latest = HypofuzzDatabase(db), {}
+    for key in fuzz_db.fetch(test_keys_key):
+        for report in fuzz_db.reports.fetch(key):
+            seen = latest.get((report.worker_uuid, key))
+            if window.started <= report.timestamp <= window.finished and (
+                    seen is None or report.elapsed_time > seen.elapsed_time):
+                latest[(report.worker_uuid, key)] = report
+    counts = [[0, 0] for _ in owned]
+    for (uuid, _), report in latest.items():
+        identity = fuzz_db.worker_identities.fetch(uuid.encode("ascii"))
+        for index, pids in enumerate(owned):
+            if identity is not None and identity.hostname == window.host and identity.pid in pids:
+                counts[index][0] += total_inputs(report)
+                counts[index][1] += bool(report.status_counts[Status.INTERESTING])
+    return [(inputs, failed) for inputs, failed in counts]
+
+
+def campaign_line(counts: list[tuple[int, int]], seconds: float) -> str:
+    return f"fuzzing {elapsed(seconds)}: " + "; ".join(
+        f"worker {index}: {inputs} inputs, {failed} propert{'y' if failed == 1 else 'ies'} failed"
+        for index, (inputs, failed) in enumerate(counts))
+
+
 def wait_for(workers: list[Worker], deadline: float, db, started: float) -> set[int]:
     """Wait until the deadline, the end of every worker, or every property failed (Ctrl-C: now);
     return the pids of the campaign's processes. "Every property failed" must hold at two checks
-    in a row: HypoFuzz writes the shrunk failure in the background just after its report."""
+    in a row: HypoFuzz writes the shrunk failure in the background just after its report. Every
+    30 s, each worker's inputs and failed properties so far."""
     pids: set[int] = set()
+    owned: list[set[int]] = [set() for _ in workers]
+    shown = Progress(lambda text: print(text, end="", flush=True), tty=False, last=time.monotonic())
     failed_checks = 0
     try:
         while time.monotonic() < deadline and any(w.process.poll() is None for w in workers):
             time.sleep(STOP_CHECK_SECONDS)
             pids = process_tree(workers, pids)
+            for worker, found in zip(workers, owned):
+                found |= process_tree([worker], found)
+            if shown.due():
+                window = CampaignWindow(started, time.time(), socket.gethostname(), frozenset(pids))
+                shown.update(campaign_line(worker_counts(db, window, owned), time.time() - started))
             for worker in workers:
                 if worker.died() and not worker.reported:
                     worker.reported = True

@@ -14,7 +14,8 @@
 5. Print the report (what ran first: implementation, versions, device, CPU flags; the coverage
    summary last), write ``report.json`` (schema 2, docs/REPORT.md: ``report_json.py``,
    ``environment.py``), its views (``report.html``, ``summary.md``: ``report_views.py``) and the
-   environment into ``junit.xml``; exit 0 when everything passed, 1 otherwise.
+   environment into ``junit.xml``; exit 0 when everything passed, 1 otherwise; with ``--baseline`` /
+   ``--known-failures``, 0 when no failing id is new (``baseline.py``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import sys
 import textwrap
 import time
 
-from mla_fuse_conformance.commands import environment, report_json, report_views
+from mla_fuse_conformance.commands import baseline, environment, progress, report_json, report_views
 from mla_fuse_conformance.settings import profiles
 from mla_fuse_conformance.running import recording
 from mla_fuse_conformance.cases.features import describe
@@ -191,7 +192,8 @@ def pytest_command(spec: str, profile: str, report_dir: pathlib.Path, workers: s
     return [sys.executable, "-m", "pytest", "--pyargs", SUITE_PACKAGE, f"--mla-fuse-impl={spec}",
             *([f"--mla-fuse-require={','.join(require)}"] if require else []),
             f"--hypothesis-profile={profiles.full_name(profile)}", f"--junitxml={report_dir / 'junit.xml'}",
-            "-p", "no:cacheprovider", "-n", workers, *ignored_modules(spec), *extra]
+            "-p", "no:cacheprovider", *([] if sys.stdout.isatty() else ["-p", progress.PLUGIN]), "-n", workers,
+            *ignored_modules(spec), *extra]
 
 
 def ignored_modules(spec: str) -> list[str]:
@@ -241,20 +243,22 @@ def run_maps(impl, outcomes: list[dict], profile: str, rounds: int, phases: dict
     max_examples = {"ci": profiles.CI_MAX_EXAMPLES, "dev": 30}.get(profile, 100)
     device = str(select_device())
     maps, limits, started = [], [], time.monotonic()
+    shown = progress.Progress(lambda text: print(text, end="", flush=True), sys.stdout.isatty())
     with Executor(impl.spec, device, impl.required) as executor:
         for name in failing_properties(outcomes):
             prop = property_named(name)
             if prop.needs_input_checks:
                 continue
-            print(f"mla-fuse verify: mapping {name} ...", flush=True)
+            shown.phase(f"mla-fuse verify: mapping {name} ...")
+            run = progress.Counted(lambda case, p=prop: executor.run(p.name, case), shown, f"mapping {name}")
             try:
                 known = tuple(case_types.from_jsonable(line["failure"]["case"]) for line in outcomes
                               if (line.get("failure") or {}).get("property") == name and line["failure"].get("case"))
-                maps.append(map_property(prop, impl, device, lambda case, p=prop: executor.run(p.name, case),
-                                         max_examples, rounds, known=known))
+                maps.append(map_property(prop, impl, device, run, max_examples, rounds, known=known))
+                shown.phase(f"{run.line()}: {len(maps[-1].cells)} failing cells")
             except Exception as error:  # noqa: BLE001 - one property's map must not cost the report
-                print(f"mla-fuse verify: the map of {name} could not be finished: {type(error).__name__}: "
-                      f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}", flush=True)
+                shown.phase(f"mla-fuse verify: the map of {name} could not be finished: {type(error).__name__}: "
+                            f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}")
                 maps.append(PropertyMap(prop.name, prop.operations, [], {}, 0, False,
                                         error=f"{type(error).__name__}: {error}"[:2000]))
         phases["map"], started = round(time.monotonic() - started, 1), time.monotonic()
@@ -264,14 +268,19 @@ def run_maps(impl, outcomes: list[dict], profile: str, rounds: int, phases: dict
                 continue
             for axis, values in impl.caps(op).restrictions(prop.rotates).items():
                 for value in values:
+                    shown.update(f"mla-fuse verify: checking the declared limits: {len(limits)} done, now {op} "
+                                 f"{axis} {value}, {progress.elapsed(time.monotonic() - started)}")
                     limits.append(check_limit(prop, impl, lambda case, p=prop: executor.run(p.name, case, False),
                                               op, axis, value))
     phases["limits"] = round(time.monotonic() - started, 1)
+    if limits:
+        shown.phase(f"mla-fuse verify: {len(limits)} declared limits checked in {phases['limits']} s")
     return maps, limits
 
 
 def run_verify(impl_spec: str | None, profile: str, report_dir: pathlib.Path, workers: str | None,
-               extra_pytest_args: list[str], require: tuple[str, ...] = (), map_rounds: int = 6) -> int:
+               extra_pytest_args: list[str], require: tuple[str, ...] = (), map_rounds: int = 6,
+               known: baseline.Known | None = None, write_known: pathlib.Path | None = None) -> int:
     started_at, started = datetime.datetime.now(datetime.timezone.utc), time.monotonic()
     try:
         impl = load_implementation(impl_spec, require)
@@ -303,12 +312,15 @@ def run_verify(impl_spec: str | None, profile: str, report_dir: pathlib.Path, wo
            "pytest_exit_code": returncode, "exit_code": 1 if failed else 0}
     operations = {op: {**dataclasses.asdict(s), "verdict": s.verdict} for op, s in summaries.items()}
     report = report_json.report(run, found, described, operations, outcomes, maps, limits, coverage, deployments)
+    exit_code = baseline.judge(report, outcomes, known)
     (report_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     report_json.junit_properties(report_dir / "junit.xml", found, described)
+    if write_known:
+        baseline.write_known_failures(write_known, report)
     views = report_views.write(report_dir, os.environ.get("GITHUB_STEP_SUMMARY"))
-    print(f"\nreport: {report_dir / 'report.json'}, {', '.join(map(str, views))}, JUnit: {report_dir / 'junit.xml'}\n"
-          f"verdict: {'FAIL' if failed else 'PASS'}")
-    return 1 if failed else 0
+    print("\n".join(["", *baseline.lines(report), f"report: {report_dir / 'report.json'}, {', '.join(map(str, views))}, "
+                     f"JUnit: {report_dir / 'junit.xml'}", baseline.verdict_line(report)]))
+    return exit_code
 
 
 def print_what_ran(impl, profile: str, found: dict, version: str | None, header: list[str]) -> None:
