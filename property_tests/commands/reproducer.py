@@ -24,6 +24,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -143,13 +144,15 @@ def adapter_target(impl, module_path: str | None) -> dict:
     return {"module": module, "attr": attr, "path": str(path), "directory": directory}
 
 
-def run_script(script: pathlib.Path, *options: str) -> subprocess.CompletedProcess | None:
-    """The script in a child (``-I``: neither the current directory nor PYTHON* variables), or None on timeout."""
-    try:
-        return subprocess.run([sys.executable, "-I", str(script), *options], cwd=script.parent, capture_output=True,
-                              text=True, timeout=TIMEOUT_SECONDS)
-    except subprocess.TimeoutExpired:
-        return None
+def run_script(python: str, script: pathlib.Path, *options: str) -> subprocess.CompletedProcess | None:
+    """The script run by ``python`` in a child, from an empty directory and with ``-I`` (neither the script's
+    directory nor PYTHON* variables reach its imports), or None when it ran past ``TIMEOUT_SECONDS``."""
+    with tempfile.TemporaryDirectory() as empty:
+        try:
+            return subprocess.run([python, "-I", str(script), *options], cwd=empty, capture_output=True, text=True,
+                                  timeout=TIMEOUT_SECONDS)
+        except subprocess.TimeoutExpired:
+            return None
 
 
 def signal_name(run: subprocess.CompletedProcess | None) -> str | None:
@@ -176,8 +179,9 @@ def reproduced(kind: str, run: subprocess.CompletedProcess | None) -> bool:
     return run.returncode == 1 and "differ from the formula" in run.stdout
 
 
-def write_one(cell: dict, directory: pathlib.Path, declaration: dict, impl, module_path: str | None) -> dict:
-    """Write and run the reproducer of one cell; its ``reproducer`` entry."""
+def write_script(cell: dict, directory: pathlib.Path, declaration: dict, impl,
+                 module_path: str | None) -> tuple[pathlib.Path, pathlib.Path | None]:
+    """Write the reproducer of one cell: the script and its .pt file (None when every buffer is a literal)."""
     import torch
 
     record = json.loads(pathlib.Path(cell["replay"]["file"]).read_text())
@@ -191,7 +195,12 @@ def write_one(cell: dict, directory: pathlib.Path, declaration: dict, impl, modu
     data = script.with_suffix(".pt") if large else None
     if data is not None:
         torch.save(large, data)
-    run, with_reference = run_script(script), run_script(script, "--reference")
+    return script, data
+
+
+def judge(cell: dict, script: pathlib.Path, data: pathlib.Path | None, python: str) -> dict:
+    """Run the script as is and with ``--reference``: the cell's ``reproducer`` entry."""
+    run, with_reference = run_script(python, script), run_script(python, script, "--reference")
     return {"script": str(script), "data": str(data) if data else None, "reproduced": reproduced(cell["kind"], run),
             "signal": signal_name(run), "passes_with_reference": with_reference is not None
             and with_reference.returncode == 0}
@@ -207,9 +216,9 @@ def load_adapter(report: dict):
         return None
 
 
-def write_reproducers(report_dir: pathlib.Path, report: dict) -> dict:
-    """Per failing cell with a case of the five operations: its reproducer (module docstring);
-    ``run.phases["reproducers"]`` its seconds; ``report.json`` rewritten. Returns ``report``."""
+def write_reproducers(report_dir: pathlib.Path, report: dict, python: str = sys.executable) -> dict:
+    """Per failing cell with a case of the five operations: its reproducer (module docstring), run by
+    ``python``; ``run.phases["reproducers"]`` its seconds; ``report.json`` rewritten. Returns ``report``."""
     started, report_dir = time.monotonic(), pathlib.Path(report_dir)
     cells = [cell for cell in report.get("cells", []) if (cell.get("replay") or {}).get("file")]
     impl = load_adapter(report) if cells else None
@@ -221,7 +230,8 @@ def write_reproducers(report_dir: pathlib.Path, report: dict) -> dict:
             cell["reproducer"] = None
             continue
         directory.mkdir(parents=True, exist_ok=True)
-        cell["reproducer"] = write_one(cell, directory, declaration, impl, report["implementation"].get("module_path"))
+        script, data = write_script(cell, directory, declaration, impl, report["implementation"].get("module_path"))
+        cell["reproducer"] = judge(cell, script, data, python)
         found = cell["reproducer"]
         print(f"reproducer: {found['script']} ({'reproduced' if found['reproduced'] else 'did not reproduce'}"
               f"{'' if found['passes_with_reference'] else '; FAILS with --reference'})", flush=True)

@@ -135,7 +135,7 @@ def differences(name, got):  # flat indices of `got` breaking §5: bound, fp8 st
         order = [torch.where(code > 127, 128 - code, code) for code in pair]
         nan = [code & 127 >= (125 if FP8[0] == torch.float8_e5m2 else 127) for code in pair]
         ok[codes] = (((order[0] - order[1]).abs() <= 1) & (nan[0] == nan[1]))[codes]
-    return (~ok).nonzero().flatten()
+    return (~ok).nonzero().reshape(-1)
 
 
 def element(name, i):  # which argument's element storage index i of buffer `name` is

@@ -31,7 +31,7 @@ import sys
 import textwrap
 import time
 
-from mla_fuse_conformance.commands import environment, report_json
+from mla_fuse_conformance.commands import environment, report_json, reproducer
 from mla_fuse_conformance.settings import profiles
 from mla_fuse_conformance.running import recording
 from mla_fuse_conformance.cases.features import describe
@@ -304,6 +304,7 @@ def run_verify(impl_spec: str | None, profile: str, report_dir: pathlib.Path, wo
     operations = {op: {**dataclasses.asdict(s), "verdict": s.verdict} for op, s in summaries.items()}
     report = report_json.report(run, found, described, operations, outcomes, maps, limits, coverage, deployments)
     (report_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    reproducer.write_reproducers(report_dir, report)  # per failing cell a standalone script, run; report.json rewritten
     report_json.junit_properties(report_dir / "junit.xml", found, described)
     print(f"\nreport: {report_dir / 'report.json'}, JUnit: {report_dir / 'junit.xml'}\n"
           f"verdict: {'FAIL' if failed else 'PASS'}")
