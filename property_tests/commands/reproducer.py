@@ -77,12 +77,11 @@ def data_lines(buffers: dict, views: dict, values: dict) -> tuple[list[str], dic
     from mla_fuse_conformance.cases.memory import bits
 
     large = {name: flat.cpu() for name, flat in buffers.items() if flat.numel() > LITERAL_ELEMENTS}
-    lines = ["# buffer: dtype, data pointer mod 64 (bytes), raw bits (\"pt\": in the .pt file beside this script)",
-             "BUFFERS = {"]
+    lines = ["BUFFERS = {  # dtype, data pointer mod 64 (bytes), raw bits (\"pt\": in the .pt file beside this script)"]
     for name, flat in buffers.items():
         raw = '"pt"' if name in large else repr(bits(flat.cpu()).tolist())
         lines.append(f"    {name!r}: ({flat.dtype}, {flat.data_ptr() % 64}, {raw}),")
-    lines += ["}", "# argument: buffer, sizes, strides, storage offset in the buffer", "VIEWS = {"]
+    lines += ["}", "VIEWS = {  # argument: buffer, sizes, strides, storage offset in the buffer"]
     lines += [f"    {arg!r}: {view!r}," for arg, view in views.items()]
     lines += ["}", f"ARGS = {values!r}"]
     return lines, large
@@ -90,15 +89,14 @@ def data_lines(buffers: dict, views: dict, values: dict) -> tuple[list[str], dic
 
 def kernel_lines(operation: str, source: str | None, target: dict) -> list[str]:
     """``def kernel(...)``: the adapter's call source inlined, else its method, imported by module path."""
+    found = f"__import__('importlib').import_module({target['module']!r})"
     if source:
         return [f"def kernel({', '.join(OPERATION_ARGUMENTS[operation])}):",
                 textwrap.indent(textwrap.dedent(source).strip(), "    ")]
-    return ["def kernel(*arguments):",
-            f"    # the adapter declares no call_source: it is imported from {target['path']} and its {operation} called",
+    found = f"getattr({found}, {target['attr']!r})" if target["attr"] else found
+    return [f"def kernel(*arguments):  # the adapter declares no call_source: imported from {target['path']}",
             f"    sys.path.append({target['directory']!r})",
-            "    import importlib",
-            f"    impl = importlib.import_module({target['module']!r})",
-            *([f"    impl = getattr(impl, {target['attr']!r})"] if target["attr"] else []),
+            f"    impl = {found}",
             f"    (impl() if isinstance(impl, type) else impl).{operation}(*arguments)"]
 
 
@@ -113,7 +111,9 @@ def script_text(cell: dict, record: dict, declaration: dict, source: str | None,
     title = f"{operation}: {cell['kind']} on {cell['condition']['text']} ({cell['property']})"
     text = "\n".join([formulas.HEADER.format(title=title, origin=pathlib.Path(record["file"]).name),
                       f"DEVICE = {device!r}", *constants(operation, case, declaration), *lines, f"CALL = {call!r}",
-                      "", "", *kernel_lines(operation, source, target), formulas.program(operation), ""])
+                      "", "", *kernel_lines(operation, source, target),
+                      formulas.program(operation, operation in CACHING_OPERATIONS and tensors.fp8_format(case.kv_cache_dtype)
+                                       is not None), ""])
     return text, large
 
 
@@ -127,7 +127,8 @@ def constants(operation: str, case, declaration: dict) -> list[str]:
     if operation in CACHING_OPERATIONS:
         fmt = tensors.fp8_format(case.kv_cache_dtype)
         lines += [f"TOKENS = {case.tokens}", "FP8 = None  # kv_cache_dtype stores the source bits" if fmt is None else
-                  f"FP8 = ({tensors.FLOAT8_STORAGE[fmt]}, {ref_fp8.FORMATS[fmt].max_finite!r})  # the code's dtype, finite max"]
+                  f"FP8, NAN_CODE = ({tensors.FLOAT8_STORAGE[fmt]}, {ref_fp8.FORMATS[fmt].max_finite!r}), "
+                  f"{0x7D if fmt == 'e5m2' else 0x7F}  # codes' dtype, finite max; magnitudes >= NAN_CODE are NaN"]
     return lines
 
 

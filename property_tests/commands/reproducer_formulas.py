@@ -14,17 +14,19 @@ from mla_fuse_conformance.declarations.operations import CACHING_OPERATIONS, ROT
 HEADER = '''#!/usr/bin/env python3
 """{title}
 
-Written by `mla-fuse verify` from {origin}; needs only torch and the kernel's package. Calls the kernel
-on the case's inputs and compares memory with the formula in float64 (CONTRACT §5): exit 0 conforms,
-1 differs (printed), a crash dies by its signal. `--reference`: the formula's values, not the kernel."""
-import math
-import pathlib
-import sys
+From {origin} (`mla-fuse verify`); needs only torch and the kernel's package. Calls the kernel on the case's inputs
+and compares memory with the formula in float64 (CONTRACT §5): exit 0 conforms, 1 differs (printed), a crash dies by
+its signal. `--reference` writes the formula's values instead of calling the kernel (exit 0)."""
+import math, pathlib, sys  # noqa: E401
 
 import torch
 '''
 
 COMMON = '''
+
+INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+DATA = torch.load(pathlib.Path(__file__).with_suffix(".pt")) if any(b[-1] == "pt" for b in BUFFERS.values()) else {}
+
 
 def allocate(name, dtype, align, bits):  # the raw bits; the data pointer `align` bytes past 64 as in the case
     data = DATA[name] if bits == "pt" else torch.tensor(bits, dtype=INTS[dtype.itemsize]).view(dtype)
@@ -33,8 +35,6 @@ def allocate(name, dtype, align, bits):  # the raw bits; the data pointer `align
     return flat.view(INTS[dtype.itemsize]).copy_(data.view(INTS[dtype.itemsize])).view(dtype)
 
 
-INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-DATA = torch.load(pathlib.Path(__file__).with_suffix(".pt")) if any(b[-1] == "pt" for b in BUFFERS.values()) else {}
 flats = {name: allocate(name, *spec) for name, spec in BUFFERS.items()}
 args = dict(ARGS, **{arg: torch.as_strided(flats[buffer], size, stride, flats[buffer].storage_offset() + offset)
                      for arg, (buffer, size, stride, offset) in VIEWS.items()})
@@ -47,22 +47,20 @@ at = lambda image, arg: torch.as_strided(image[VIEWS[arg][0]], *VIEWS[arg][1:]) 
 
 ROTATE = '''
 
-def rotate(arg, rows, size):  # CONTRACT §1, pairs (a, b) of a head's first R: (a*c - b*s, b*c + a*s), §5 bound
+def rotate(arg, rows, size):  # CONTRACT §1: pairs (a, b) of a head's first R -> (a*c - b*s, b*c + a*s)
     heads = lambda t: t.unflatten(-1, (-1, size)) if t.dim() == 2 else t  # noqa: E731 - [T, heads, size]
-    x, table, dtype = heads(at(before, arg)).double(), at(before, "cos_sin_cache").double(), args[arg].dtype
-    R = table.size(1)
+    x, table = heads(at(before, arg)).double(), at(before, "cos_sin_cache").double()
+    R, f = table.size(1), torch.finfo(args[arg].dtype)
     c, s = table[at(before, "positions").long()][:, None].split(R // 2, -1)
     i = torch.arange(R // 2)
     first, second = (i, i + R // 2) if args["is_neox"] else (2 * i, 2 * i + 1)
-    a, b = x[..., first], x[..., second]
-    value, terms = x[..., :R].clone(), x[..., :R].clone()
+    a, b, value, terms = x[..., first], x[..., second], x[..., :R].clone(), x[..., :R].clone()
     value[..., first], value[..., second] = a * c - b * s, b * c + a * s
     terms[..., first], terms[..., second] = (a * c).abs() + (b * s).abs(), (b * c).abs() + (a * s).abs()
-    # |got - exact| <= ulp_out(exact) + 2^-22 (|a*c| + |b*s|), per_op + 2 u_out (|a*c| + |b*s|)
-    f = torch.finfo(dtype)
+    # §5: |got - exact| <= ulp_out(exact) + 2^-22 (|a*c| + |b*s|), + 2 u_out (|a*c| + |b*s|) per_op
     exponent = (torch.frexp(value.abs()).exponent - 1).double().clamp(min=math.log2(f.tiny))
-    tol = 2.0 ** (exponent + math.log2(f.eps)) + 2.0 ** -22 * terms + (f.eps * terms if PER_OP else 0)
-    for image, values in ((want, value.to(dtype)), (exact, value), (bound, tol)):
+    tol = 2.0 ** (exponent + math.log2(f.eps)) + (2.0 ** -22 + f.eps * PER_OP) * terms
+    for image, values in ((want, value.to(args[arg].dtype)), (exact, value), (bound, tol)):
         heads(at(image, arg))[rows, ..., :R] = values[rows]
     return value, tol
 '''
@@ -76,22 +74,20 @@ valid = slots[slots >= 0]
 
 
 def store(cache, values, scale, dtype, columns=slice(None), tol=None):  # CONTRACT §2, §3
-    # row t -> cache[s // B, s % B] (s = slot_mapping[t]): the source bits or rne_satfinite(float32(x) / scale)
+    # row t -> cache[s // B, s % B] (s = slot_mapping[t]): the source bits, or rne_satfinite(float32(x) / scale)
     index, x = (valid // args[cache].size(1), valid % args[cache].size(1), ..., columns), values[written].to(dtype)
     if FP8 is None:
         at(want, cache)[index] = x
         if tol is not None:  # a rotated value: within its bound
             at(exact, cache)[index], at(bound, cache)[index] = values[written], tol[written]
-        return
-    codes = (x.float() / scale).clamp(-FP8[1], FP8[1]).to(FP8[0])  # the fp8 dtype, its finite max
-    at(want, cache).view(torch.uint8)[index] = codes.view(torch.uint8)
-    at(fp8, cache)[index] = True
+    else:  # FP8: the codes' dtype, its finite max
+        codes = (x.float() / scale).clamp(-FP8[1], FP8[1]).to(FP8[0])
+        at(want, cache).view(torch.uint8)[index], at(fp8, cache)[index] = codes.view(torch.uint8), True
 '''
 
-
-ROWS = '''everything = torch.ones(TOKENS, dtype=torch.bool)
-q_rows = written if PADDED_ROWS == "skipped" else everything
-k_rows = everything if PADDED_ROWS == "rotated" else written
+# the rows rotated: q and k of every row, or as the implementation declares padded rows (CONTRACT §4)
+ROWS = '''q_rows = written if PADDED_ROWS == "skipped" else torch.ones(TOKENS, dtype=torch.bool)
+k_rows = torch.ones(TOKENS, dtype=torch.bool) if PADDED_ROWS == "rotated" else written
 '''
 
 FORMULAS = {
@@ -125,23 +121,17 @@ store("value_cache", at(before, "value"), at(before, "v_scale").reshape(1, -1, 1
 
 JUDGE = '''
 
-def differences(name, got):  # flat indices of `got` breaking §5: bound, fp8 step, bits
+def differences(name, got):  # storage indices breaking §5: a rotated value's bound, {fp8}any other bit
     w, e, tol, codes = (image[name] for image in (want, exact, bound, fp8))
-    ok = got.view(INTS[got.dtype.itemsize]) == w.view(INTS[got.dtype.itemsize])
-    rotated, g = tol >= 0, got.double()
-    ok[rotated] = ((g - e).abs() <= tol)[rotated] | (g.isnan() & e.isnan())[rotated]
-    if codes.any():  # fp8 codes as ordered integers at most one step apart, NaN where the rule's is
-        pair = got.view(torch.uint8).long(), w.view(torch.uint8).long()
-        order = [torch.where(code > 127, 128 - code, code) for code in pair]
-        nan = [code & 127 >= (125 if FP8[0] == torch.float8_e5m2 else 127) for code in pair]
-        ok[codes] = (((order[0] - order[1]).abs() <= 1) & (nan[0] == nan[1]))[codes]
-    return (~ok).nonzero().reshape(-1)
+    ok, g = got.view(INTS[got.dtype.itemsize]) == w.view(INTS[got.dtype.itemsize]), got.double()
+    ok[tol >= 0] = ((g - e).abs() <= tol)[tol >= 0] | (g.isnan() & e.isnan())[tol >= 0]
+{fp8_check}    return (~ok).nonzero().reshape(-1)
 
 
 def element(name, i):  # which argument's element storage index i of buffer `name` is
     hits = [(arg, (torch.arange(flats[name].numel()).as_strided(*view[1:]) == i).nonzero())
             for arg, view in VIEWS.items() if view[0] == name]
-    return next((f"{arg}{hit[0].tolist()}" for arg, hit in hits if hit.numel()), f"{name} storage element {i}")
+    return next((f"{{arg}}{{hit[0].tolist()}}" for arg, hit in hits if hit.numel()), f"{{name}} storage element {{i}}")
 
 
 if "--reference" in sys.argv:
@@ -149,18 +139,25 @@ if "--reference" in sys.argv:
         flat.copy_(want[name])
 else:
     kernel(*(args[name] for name in CALL))
-bad = {name: differences(name, flat.cpu()) for name, flat in flats.items()}
-for name, where in bad.items():
-    for i in where[:5].tolist():
-        tol = f" (exact {exact[name][i].item()!r}, bound {bound[name][i].item():.3g})" if bound[name][i] >= 0 else ""
-        print(f"{element(name, i)}: got {flats[name][i].item()!r}, expected {want[name][i].item()!r}{tol}")
+bad = {{name: differences(name, flat.cpu()) for name, flat in flats.items()}}
+for name, i in ((name, i) for name, where in bad.items() for i in where[:5].tolist()):
+    tol = f" (exact {{exact[name][i].item()!r}}, bound {{bound[name][i].item():.3g}})" if bound[name][i] >= 0 else ""
+    print(f"{{element(name, i)}}: got {{flats[name][i].item()!r}}, expected {{want[name][i].item()!r}}{{tol}}")
 count = sum(where.numel() for where in bad.values())
-print(f"{count} elements differ from the formula" if count else "conforms to the formula")
+print(f"{{count}} elements differ from the formula" if count else "conforms to the formula")
 sys.exit(1 if count else 0)
 '''
 
+FP8_CHECK = '''    if codes.any():  # fp8 codes as ordered integers at most one step apart, NaN alike
+        pair = [code.view(torch.uint8).long() for code in (got, w)]
+        order, nan = [torch.where(c > 127, 128 - c, c) for c in pair], [c & 127 >= NAN_CODE for c in pair]
+        ok[codes] = (((order[0] - order[1]).abs() <= 1) & (nan[0] == nan[1]))[codes]
+'''
 
-def program(operation: str) -> str:
-    """Everything after the kernel call: the inputs rebuilt, ``operation``'s formula, the judgement."""
+
+def program(operation: str, fp8: bool) -> str:
+    """Everything after the kernel call: the inputs rebuilt, ``operation``'s formula, the judgement
+    (with the fp8 code rule where the cache holds fp8 codes)."""
+    judge = JUDGE.format(fp8="an fp8 code's step, " if fp8 else "", fp8_check=FP8_CHECK if fp8 else "")
     return "".join([COMMON, ROTATE if operation in ROTATING_OPERATIONS else "",
-                    STORE if operation in CACHING_OPERATIONS else "", FORMULAS[operation], JUDGE]).rstrip()
+                    STORE if operation in CACHING_OPERATIONS else "", FORMULAS[operation], judge]).rstrip()
