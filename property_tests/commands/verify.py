@@ -13,8 +13,8 @@
 4. Check each declared limit with a few cases just outside it.
 5. Print the report (what ran first: implementation, versions, device, CPU flags; the coverage
    summary last), write ``report.json`` (schema 2, docs/REPORT.md: ``report_json.py``,
-   ``environment.py``) and the environment into ``junit.xml``; exit 0 when everything passed, 1
-   otherwise.
+   ``environment.py``), a standalone script per failing cell, run (``reproducer.py``), and the
+   environment into ``junit.xml``; exit 0 when everything passed, 1 otherwise.
 """
 
 from __future__ import annotations
