@@ -59,10 +59,24 @@ def test_a_planted_bug_reproduces_and_the_reference_passes(tmp_path, spec, opera
     assert (found["reproduced"], found["passes_with_reference"], found["signal"]) == (reproduces, True, None), found
     assert json.loads((tmp_path / "report.json").read_text())["cells"][0]["reproducer"] == found
     script = pathlib.Path(found["script"])
-    assert len(script.read_text().splitlines()) <= 160
+    assert len(script.read_text().splitlines()) <= 145
     ran = subprocess.run([sys.executable, "-I", str(script)], cwd=tmp_path, capture_output=True, text=True)
     assert ran.returncode == int(reproduces), ran.stdout + ran.stderr
     assert ("differ from the formula" if reproduces else "conforms to the formula") in ran.stdout
+
+
+def test_a_user_adapter_is_imported_by_its_module_path(tmp_path, monkeypatch):
+    """An adapter without ``call_source``, in the user's own directory: the script imports it from there."""
+    (tmp_path / "my_kernels.py").write_text(
+        "class Kernels:\n"
+        "    def rotary_embedding(self, positions, query, key, head_size, cos_sin_cache, is_neox):\n"
+        "        query.mul_(2)  # not a rotation\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cell = failing_cell(tmp_path, "my_kernels:Kernels", "rotary_embedding", to_jsonable(ROPE))
+    found = reproducer.write_reproducers(tmp_path / "report", report_of("my_kernels:Kernels", [cell]))
+    found = found["cells"][0]["reproducer"]
+    assert (found["reproduced"], found["passes_with_reference"]) == (True, True), found
+    assert f"sys.path.append({str(tmp_path)!r})" in pathlib.Path(found["script"]).read_text()
 
 
 def bare_python(directory: pathlib.Path) -> str:
