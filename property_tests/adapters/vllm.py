@@ -150,8 +150,8 @@ class VllmImplementation:
         self.rotary_embedding = self._cpu_rotary_embedding
         load = f"import importlib.util, pathlib\ntorch.ops.load_library(str({library_expression(path)}))\n"
         # per operation, the kernel call a standalone reproducer inlines (commands/reproducer.py)
-        self.call_source = {"rotary_embedding": load + "torch.ops._C.rotary_embedding(positions, query, key, head_size, "
-                                                       "cos_sin_cache, is_neox)"}
+        self.call_source = {"rotary_embedding": load + (
+            "torch.ops._C.rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)")}
         if hasattr(torch.ops._C, "concat_and_cache_mla_cpu"):
             self.concat_and_cache_mla = self._cpu_concat_and_cache_mla
             self.call_source["concat_and_cache_mla"] = load + (

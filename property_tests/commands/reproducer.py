@@ -52,7 +52,7 @@ def slug(cell: dict) -> str:
 def operation_of(record: dict) -> str:
     """The operation a script calls: the fused one of a fused-vs-unfused property, else the only one."""
     operations = record["operations"]
-    return next((op for op in operations if "fused" in op), operations[0])
+    return next((op for op in operations if op in FUSED_OPERATIONS), operations[0])
 
 
 def inputs(built, operation: str) -> tuple[dict, dict, dict]:
@@ -109,11 +109,10 @@ def script_text(cell: dict, record: dict, declaration: dict, source: str | None,
     lines, large = data_lines(buffers, views, values)
     call = tuple(BUFFER_OF_ARGUMENT.get(arg, arg) for arg in OPERATION_ARGUMENTS[operation])
     title = f"{operation}: {cell['kind']} on {cell['condition']['text']} ({cell['property']})"
+    fp8 = operation in CACHING_OPERATIONS and tensors.fp8_format(case.kv_cache_dtype) is not None
     text = "\n".join([formulas.HEADER.format(title=title, origin=pathlib.Path(record["file"]).name),
                       f"DEVICE = {device!r}", *constants(operation, case, declaration), *lines, f"CALL = {call!r}",
-                      "", "", *kernel_lines(operation, source, target),
-                      formulas.program(operation, operation in CACHING_OPERATIONS and tensors.fp8_format(case.kv_cache_dtype)
-                                       is not None), ""])
+                      "", "", *kernel_lines(operation, source, target), formulas.program(operation, fp8), ""])
     return text, large
 
 
@@ -121,9 +120,11 @@ def constants(operation: str, case, declaration: dict) -> list[str]:
     """The declarations and sizes the formula of ``operation`` reads."""
     lines = []
     if operation in ROTATING_OPERATIONS:
-        lines.append(f"PER_OP = {declaration.get('rounding') == 'per_op'!r}  # rounding=\"per_op\": CONTRACT §5's wider bound")
+        per_op = declaration.get("rounding") == "per_op"
+        lines.append(f"PER_OP = {per_op!r}  # rounding=\"per_op\": CONTRACT §5's wider bound")
     if operation in FUSED_OPERATIONS:
-        lines.append(f"PADDED_ROWS = {declaration.get('padded_rows', 'rotated')!r}  # rows rotated when their slot is padded")
+        padded_rows = declaration.get("padded_rows", "rotated")
+        lines.append(f"PADDED_ROWS = {padded_rows!r}  # rows rotated when their slot is padded")
     if operation in CACHING_OPERATIONS:
         fmt = tensors.fp8_format(case.kv_cache_dtype)
         lines += [f"TOKENS = {case.tokens}", "FP8 = None  # kv_cache_dtype stores the source bits" if fmt is None else
@@ -132,13 +133,18 @@ def constants(operation: str, case, declaration: dict) -> list[str]:
     return lines
 
 
-def adapter_target(impl, module_path: str | None) -> dict:
-    """How a script imports an adapter that declares no call source: module, attribute, directory."""
+def adapter_target(impl, implementation: dict) -> dict:
+    """How a script imports an adapter that declares no call source: module, attribute, directory
+    (``impl`` None: the adapter no longer loads here; then as report.json's ``implementation`` names it)."""
     import types
 
-    target = impl.target
-    module = target.__name__ if isinstance(target, types.ModuleType) else type(target).__module__
-    attr = None if isinstance(target, types.ModuleType) else type(target).__name__
+    module_path, target = implementation.get("module_path"), getattr(impl, "target", None)
+    if impl is None:
+        module, _, attr = implementation["spec"].partition(":")
+        attr = attr or None
+    else:
+        module = target.__name__ if isinstance(target, types.ModuleType) else type(target).__module__
+        attr = None if isinstance(target, types.ModuleType) else type(target).__name__
     path = pathlib.Path(module_path or ".")
     up = len(module.split(".")) - 1 + (path.name == "__init__.py")
     directory = str(path.parents[up]) if module_path and up < len(path.parents) else "."
@@ -180,8 +186,8 @@ def reproduced(kind: str, run: subprocess.CompletedProcess | None) -> bool:
     return run.returncode == 1 and "differ from the formula" in run.stdout
 
 
-def write_script(cell: dict, directory: pathlib.Path, declaration: dict, impl,
-                 module_path: str | None) -> tuple[pathlib.Path, pathlib.Path | None]:
+def write_script(cell: dict, directory: pathlib.Path, implementation: dict,
+                 impl) -> tuple[pathlib.Path, pathlib.Path | None]:
     """Write the reproducer of one cell: the script and its .pt file (None when every buffer is a literal)."""
     import torch
 
@@ -189,9 +195,9 @@ def write_script(cell: dict, directory: pathlib.Path, declaration: dict, impl,
     record["file"] = cell["replay"]["file"]
     operation = operation_of(record)
     source = (getattr(impl.target, "call_source", None) or {}).get(operation) if impl is not None else None
-    target = adapter_target(impl, module_path) if impl is not None else {}
     script = directory / f"{slug(cell)}.py"
-    text, large = script_text(cell, record, declaration, source, target)
+    text, large = script_text(cell, record, implementation.get("declaration", {}), source,
+                              adapter_target(impl, implementation))
     script.write_text(text)
     data = script.with_suffix(".pt") if large else None
     if data is not None:
@@ -223,7 +229,6 @@ def write_reproducers(report_dir: pathlib.Path, report: dict, python: str = sys.
     started, report_dir = time.monotonic(), pathlib.Path(report_dir)
     cells = [cell for cell in report.get("cells", []) if (cell.get("replay") or {}).get("file")]
     impl = load_adapter(report) if cells else None
-    declaration = report["implementation"].get("declaration", {})
     directory = report_dir / DIRECTORY
     for cell in cells:
         cell["reproducer"] = None
@@ -232,7 +237,7 @@ def write_reproducers(report_dir: pathlib.Path, report: dict, python: str = sys.
             if (record.get("case") or {}).get("type") not in CASE_TYPES:
                 continue  # a compile-pass case: its failure file replays it (mla-fuse repro)
             directory.mkdir(parents=True, exist_ok=True)
-            script, data = write_script(cell, directory, declaration, impl, report["implementation"].get("module_path"))
+            script, data = write_script(cell, directory, report["implementation"], impl)
         except Exception as error:  # noqa: BLE001 - one cell's script must not cost the report
             print(f"reproducer: none for {cell['id']}: {type(error).__name__}: {error}"[:300], flush=True)
             continue
