@@ -59,7 +59,7 @@ def rotate(arg, rows, size):  # CONTRACT §1: pairs (a, b) of a head's first R -
     terms[..., first], terms[..., second] = (a * c).abs() + (b * s).abs(), (b * c).abs() + (a * s).abs()
     # §5: |got - exact| <= ulp_out(exact) + 2^-22 (|a*c| + |b*s|), + 2 u_out (|a*c| + |b*s|) per_op
     exponent = (torch.frexp(value.abs()).exponent - 1).double().clamp(min=math.log2(f.tiny))
-    tol = 2.0 ** (exponent + math.log2(f.eps)) + (2.0 ** -22 + f.eps * PER_OP) * terms
+    tol = (2.0 ** (exponent + math.log2(f.eps)) + (2.0 ** -22 + f.eps * PER_OP) * terms).nan_to_num(0.0)  # NaN: NaN
     for image, values in ((want, value.to(args[arg].dtype)), (exact, value), (bound, tol)):
         heads(at(image, arg))[rows, ..., :R] = values[rows]
     return value, tol
