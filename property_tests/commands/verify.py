@@ -13,9 +13,10 @@
 4. Check each declared limit with a few cases just outside it.
 5. Print the report (what ran first: implementation, versions, device, CPU flags; the coverage
    summary last), write ``report.json`` (schema 2, docs/REPORT.md: ``report_json.py``,
-   ``environment.py``), its views (``report.html``, ``summary.md``: ``report_views.py``) and the
-   environment into ``junit.xml``; exit 0 when everything passed, 1 otherwise; with ``--baseline`` /
-   ``--known-failures``, 0 when no failing id is new (``baseline.py``).
+   ``environment.py``), a standalone script per failing cell, run (``reproducer.py``), its views
+   (``report.html``, ``summary.md``: ``report_views.py``) and the environment into ``junit.xml``; exit 0
+   when everything passed, 1 otherwise; with ``--baseline`` / ``--known-failures``, 0 when no failing
+   id is new (``baseline.py``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import sys
 import textwrap
 import time
 
-from mla_fuse_conformance.commands import baseline, environment, progress, report_json, report_views
+from mla_fuse_conformance.commands import baseline, environment, progress, report_json, report_views, reproducer
 from mla_fuse_conformance.settings import profiles
 from mla_fuse_conformance.running import recording
 from mla_fuse_conformance.cases.features import describe
@@ -314,6 +315,7 @@ def run_verify(impl_spec: str | None, profile: str, report_dir: pathlib.Path, wo
     report = report_json.report(run, found, described, operations, outcomes, maps, limits, coverage, deployments)
     exit_code = baseline.judge(report, outcomes, known)
     (report_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    reproducer.write_reproducers(report_dir, report)  # per failing cell a standalone script, run; report.json rewritten
     report_json.junit_properties(report_dir / "junit.xml", found, described)
     if write_known:
         baseline.write_known_failures(write_known, report)

