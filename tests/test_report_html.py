@@ -190,3 +190,19 @@ def test_a_browser_renders_the_page_with_every_failing_cell_rate_flag_and_versio
     check_page_shows_the_report(parse(dom), found)
     headless(path, f"--screenshot={tmp_path / 'page.png'}", "--window-size=1200,900")
     assert (tmp_path / "page.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_moved_report_finds_its_failure_files_beside_it(tmp_path):
+    """``mla-fuse report --reproducers`` on a committed report: replay paths written on another
+    machine are looked up under ``REPORT_DIR/failures/`` by name; a file found nowhere is left as is."""
+    from mla_fuse_conformance.commands.report_views import relocate_failure_files
+
+    (tmp_path / "failures").mkdir()
+    (tmp_path / "failures" / "f-1.json").write_text("{}")
+    report = {"cells": [{"replay": {"file": "/elsewhere/docs/failures/f-1.json"}},
+                        {"replay": {"file": "/elsewhere/docs/failures/gone.json"}}],
+              "failures": [{"replay": {"file": "/elsewhere/f-1.json"}}, {"replay": None}]}
+    assert relocate_failure_files(tmp_path, report) == 2
+    assert report["cells"][0]["replay"]["file"] == str(tmp_path / "failures" / "f-1.json")
+    assert report["cells"][1]["replay"]["file"] == "/elsewhere/docs/failures/gone.json"
+    assert report["failures"][0]["replay"]["file"] == str(tmp_path / "failures" / "f-1.json")

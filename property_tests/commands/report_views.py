@@ -24,9 +24,38 @@ def write(report_dir: pathlib.Path, step_summary: str | None = None) -> list[pat
     return written
 
 
-def main(report_dir: pathlib.Path) -> int:
+def relocate_failure_files(report_dir: pathlib.Path, report: dict) -> int:
+    """A report directory that was moved or committed (docs/vllm-cpu): a cell's or failure's
+    ``replay.file`` that no longer exists is looked up under ``REPORT_DIR/failures/`` by its name
+    (where ``MLA_FUSE_FAILURE_DIR`` put it) and rewritten. Returns how many were moved."""
+    moved = 0
+    for entry in [*report.get("cells", []), *report.get("failures", [])]:
+        replay = entry.get("replay") or {}
+        old = replay.get("file")
+        if old and not pathlib.Path(old).exists():
+            beside = pathlib.Path(report_dir).absolute() / "failures" / pathlib.PurePath(old).name
+            if beside.exists():
+                replay["file"], moved = str(beside), moved + 1
+    return moved
+
+
+def reproduce(report_dir: pathlib.Path) -> None:
+    """``mla-fuse report --reproducers DIR``: write and run a reproducer per failing cell of a
+    schema-2 report that has none yet (as ``verify`` does), then the views."""
+    from mla_fuse_conformance.commands import reproducer
+
+    report = report_sources.read_json(pathlib.Path(report_dir) / report_sources.REPORT_FILE)
+    if report is None or report.get("schema", 1) < 2:
+        raise ValueError("--reproducers needs a schema-2 report.json (written by mla-fuse verify)")
+    relocate_failure_files(report_dir, report)
+    reproducer.write_reproducers(pathlib.Path(report_dir), report)
+
+
+def main(report_dir: pathlib.Path, reproducers: bool = False) -> int:
     """``mla-fuse report DIR``: exit 0 written, 2 no report there or one that cannot be read."""
     try:
+        if reproducers:
+            reproduce(report_dir)
         written = write(report_dir)
     except FileNotFoundError as error:
         print(f"mla-fuse report: DIR: {error} (written by mla-fuse verify or compare --report-dir DIR)", file=sys.stderr)
