@@ -19,9 +19,9 @@ import torch
 from mla_fuse_conformance.cases import fields
 from mla_fuse_conformance.cases import tensors
 from mla_fuse_conformance.cases import types as case_types
-from mla_fuse_conformance.cases.types import MlaCase, Placement, SlotSpec, TableSpec
+from mla_fuse_conformance.cases.types import MlaCase, Placement, RopeCase, SlotSpec, TableSpec
 from mla_fuse_conformance.commands.conformance_map import map_property
-from mla_fuse_conformance.commands import diagnosis
+from mla_fuse_conformance.commands import diagnosis, refinement
 from mla_fuse_conformance.commands.diagnosis import data_fields
 from mla_fuse_conformance.contract.implementation import load_implementation
 from mla_fuse_conformance.running.harness import property_named
@@ -211,7 +211,9 @@ def test_the_vllm_cpu_mla_pool_cells_are_caches_whose_blocks_are_not_runs_of_ent
 
     relation = "kv_cache block stride == block_size x entry stride"
     root = pathlib.Path(__file__).resolve().parents[1] / "docs" / "vllm-cpu" / "vllm-cpu-amx" / "failures"
-    pooled = [json.loads(path.read_text()) for path in sorted(root.glob("test_mla_cache_write_*.json"))]
+    # the cache-write property's files only: an interactions cell can be a pool view failing for another reason
+    files = sorted(root.glob("test_mla_cache_write_matches_reference-*.json"))
+    pooled = [json.loads(path.read_text()) for path in files]
     pooled = [record for record in pooled
               if (record.get("cell") or record.get("features") or {}).get("cache layout") == "view into a pool"]
     assert pooled
@@ -263,14 +265,15 @@ def test_a_partial_cell_shows_a_failing_and_a_passing_example_one_field_apart(us
 
 def test_a_misaligned_vector_store_is_named_by_its_alignment_not_a_width(user_dir):
     """``mutant:misaligned_vector_store`` (bf16 halves of 8+ elements stored as if 16-byte aligned, the
-    vLLM CPU rope fault): its cell names a half that is not 16-byte aligned, not the rotary width."""
+    vLLM CPU rope fault): its cell names a half that is not 16-byte aligned (one input's, or
+    ``diagnosis.VECTOR_HALVES``: some half of 16+ bytes), not the rotary width."""
     impl = load_implementation("mutant:misaligned_vector_store")
     prop = property_named("test_mla:test_fused_mla_matches_reference")
     found = map_property(prop, impl, "cpu", lambda case: prop.run(impl, torch.device("cpu"), case),
                          max_examples=30, rounds=1)
     assert found.cells, found.lines()
     condition, title = found.cells[0].diagnosis["condition"], found.cells[0].title()
-    assert any(kind == "relation" and name.endswith("half 16-byte aligned") and value == "no"
+    assert any(kind == "relation" and name.endswith("16-byte aligned") and value == "no"
                for kind, name, value in condition), title
     assert "rotary_dim" not in title, title
 
@@ -285,3 +288,22 @@ def test_alignment_relations_come_from_the_addresses():
     aligned = dataclasses.replace(case, heads=1, tokens=1)  # one row 16 bytes in; its second half 18 bytes on
     relations = diagnosis.alignment_relations(tensors.build(aligned, "cpu"))
     assert relations["q_pe first half 16-byte aligned"] and not relations["q_pe second half 16-byte aligned"]
+
+
+def test_a_misaligned_half_at_a_real_size_crossing_is_named_by_its_alignment_not_the_width():
+    """The vLLM CPU store fault at the rotary-width-18 crossing (docs/VLLM_CPU.md), modelled by
+    ``mutant:misaligned_vector_store``: a second half 9 bf16 values in. No field of the case moves the
+    halves apart from the width, and the cell's random cases fail only some of the time; the cell is
+    narrowed by the relation that splits them (the store's alignment), not by ``table.rotary_dim 18``."""
+    impl = load_implementation("mutant:misaligned_vector_store")
+    prop = property_named("test_real_sizes:test_rotary_embedding_at_real_sizes")
+    case = RopeCase(seed=24, tokens=3, heads=1, kv_heads=1, head_size=18, dtype="bfloat16", is_neox=True,
+                    table=TableSpec("plain", 18, 8, "input", poison_unused_rows=True), rank=3)
+
+    def run_example(moved):
+        prop.run(impl, torch.device("cpu"), moved)
+
+    found = diagnosis.diagnose(prop, impl, run_example, case)
+    refinement.measure_and_refine(prop, impl, prop.strategy_for(impl), run_example, found, case)
+    assert ["relation", diagnosis.VECTOR_HALVES, "no"] in found.condition, found.describe()
+    assert "rotary_dim" not in found.describe() and found.rate[0] == found.rate[1] > 0, found.rate_text()

@@ -102,8 +102,19 @@ def token_counts(draw, max_tokens: int | None = None, min_tokens: int = 0) -> in
     return draw(st.integers(low, top))
 
 
+# rotary widths MHA models run: a whole head (16, 32, 64, 128) and partial rotary, 20 of StableLM-3B's
+# 80-wide heads, 24 of GPT-NeoX-20B's 96, 32 of Phi-2's 80; each half is 8 or more values (one 16-byte
+# bf16 vector or more), and the second half of 20, 24 and 40 starts off a 16-byte boundary
+ENGINE_ROTARY_DIMS = (16, 20, 24, 32, 40, 64, 128)
+
+
 @st.composite
-def rotary_dims(draw, max_dim: int) -> int:
+def rotary_dims(draw, max_dim: int, engine_widths: bool = False) -> int:
+    """R: any even width up to ``max_dim``; with ``engine_widths``, one time in two one of the
+    ``ENGINE_ROTARY_DIMS`` that fit (shrinks toward any width, then toward 2)."""
+    widths = [width for width in ENGINE_ROTARY_DIMS if width <= max_dim] if engine_widths else []
+    if widths and draw(st.booleans()):
+        return draw(st.sampled_from(widths))
     return 2 * draw(sizes("rotary_dim", 1, max(max_dim // 2, 1), unit=2))
 
 

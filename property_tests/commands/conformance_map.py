@@ -36,6 +36,7 @@ from mla_fuse_conformance.cases.types import BadInputCase
 from mla_fuse_conformance.running.executor import ChildNotProvided, Crashed, RaisedInChild
 from mla_fuse_conformance.cases.features import AXIS, axes_for, describe, features
 from mla_fuse_conformance.commands import diagnosis as diagnosing
+from mla_fuse_conformance.commands import refinement
 
 FAILURES = diagnosing.FAILURES
 
@@ -192,7 +193,7 @@ def _cell(prop, impl, device, run_example: Callable, strategy, case, error, sour
     failure rate inside it, and its replay file."""
     cell = failing_cell(prop, impl, run_example, case)
     diagnosis = diagnosing.diagnose(prop, impl, run_example, case)
-    diagnosing.measure_and_refine(prop, impl, strategy, run_example, diagnosis, case)
+    refinement.measure_and_refine(prop, impl, strategy, run_example, diagnosis, case)
     if diagnosis.pair:
         diagnosis.pair["file"] = _pair_file(prop, impl, device, run_example, diagnosis.pair)
     failure = dict(recording.failure_record(prop, impl, device, case, error), cell=cell,

@@ -22,7 +22,9 @@ Given hypothesis' shrunk failing case:
    walked towards the failing case one field at a time: the step where it starts to fail gives a
    failing and a passing example that differ in one field, reported with the rate ("partial").
    A drawn case outside a cell with field values is first moved onto them (``fields.vary``), so
-   that a narrow cell (``latent 37``) is measured too.
+   that a narrow cell (``latent 37``) is measured too. ``commands/refinement.py`` then narrows a
+   partial cell by the relations that split its failing from its passing cases (else by its pair's
+   field), and drops from a full one an alignment relation that splits nothing.
 """
 
 from __future__ import annotations
@@ -80,12 +82,16 @@ def relations_of(case) -> dict[str, bool] | None:
 
 ROTATED = {"query": "q", "key": "k", "q_pe": "q_pe", "k_pe": "k_pe"}  # argument -> its name in a relation
 VECTOR_BYTES = 16  # one SSE/NEON vector, a CUDA 16-byte access; the store vLLM's CPU rope faults on
+# every half of 16 bytes or more (stored in vectors) of every rotated input starts on a vector boundary:
+# what an aligned vector store of the halves needs (vLLM CPU's vmovdqa), true where no half holds a vector
+VECTOR_HALVES = f"every half of >= {VECTOR_BYTES} bytes {VECTOR_BYTES}-byte aligned"
 
 
 def alignment_relations(built) -> dict[str, bool]:
     """Whether every first half (a head's start) and every second half of each rotated input starts at a
-    16-byte aligned address (the built tensors' own addresses), and whether a half is one vector or
-    more: a misaligned vector access reads ``q second half 16-byte aligned: no``, not a width."""
+    16-byte aligned address (the built tensors' own addresses), whether a half is one vector or
+    more, and both at once (``VECTOR_HALVES``): a misaligned vector access reads
+    ``q second half 16-byte aligned: no``, not a width."""
     table = built.args.get("cos_sin_cache")
     if table is None:
         return {}
@@ -104,6 +110,8 @@ def alignment_relations(built) -> dict[str, bool]:
             out[f"{short} {part} {VECTOR_BYTES}-byte aligned"] = math.gcd(view.data_ptr() + start * size,
                                                                            *steps) % VECTOR_BYTES == 0
         out[f"rotary half >= {VECTOR_BYTES} bytes"] = half * size >= VECTOR_BYTES
+        aligned = [out[f"{short} {part} {VECTOR_BYTES}-byte aligned"] for part in ("first half", "second half")]
+        out[VECTOR_HALVES] = out.get(VECTOR_HALVES, True) and (half * size < VECTOR_BYTES or all(aligned))
     return out
 
 
@@ -131,6 +139,7 @@ class Diagnosis:
     dropped: int = 0  # fields varied whose every value failed
     rate: list[int] | None = None  # [failing, tried] among random cases inside the cell
     pair: dict | None = None  # a partial cell: {"field", "failing", "passing"}: one field apart
+    refined_from: list[int] | None = None  # the rate before relations splitting its cases narrowed the cell
 
     @classmethod
     def from_dict(cls, data: dict) -> "Diagnosis":
@@ -154,6 +163,9 @@ class Diagnosis:
             return "failure rate not measured (no random case inside the cell was drawn)"
         failing, tried = self.rate
         text = f"fails {failing}/{tried} random cases inside it"
+        if self.refined_from:
+            text += (f" (refined: without the relations that split its failing from its passing cases "
+                     f"the cell failed {self.refined_from[0]}/{self.refined_from[1]})")
         if self.pair and "unrefined_rate" in self.pair:
             before = self.pair["unrefined_rate"]
             text += (f" (refined: without {self.pair['field']} {self.pair['failing']} the cell failed "
@@ -278,8 +290,9 @@ def inside(condition: list[list], case, relations: dict | None = None) -> bool:
 
 
 def measure(prop, impl, strategy, run_example: Callable, condition: list[list], failing_case,
-            examples: int = RATE_EXAMPLES) -> tuple[list[int], dict | None]:
-    """Step 3: ``([failing, tried], pair)`` among random cases inside the cell."""
+            examples: int = RATE_EXAMPLES, members: list | None = None) -> tuple[list[int], dict | None]:
+    """Step 3: ``([failing, tried], pair)`` among random cases inside the cell; ``members`` gets
+    ``(relations, fails)`` of each (``commands/refinement.py`` narrows the cell with them)."""
     counts = collections.Counter()
     passing_members: list = []
     own = case_fields.leaves(_base(failing_case))
@@ -299,6 +312,8 @@ def measure(prop, impl, strategy, run_example: Callable, condition: list[list], 
         if fails is None:
             reject()
         counts[fails] += 1
+        if members is not None:
+            members.append((relations_of(case), fails))
         if not fails:
             passing_members.append(_base(case))
 
@@ -309,22 +324,6 @@ def measure(prop, impl, strategy, run_example: Callable, condition: list[list], 
     rate = [counts[True], counts[True] + counts[False]]
     walks = (walk(prop, impl, run_example, _base(failing_case), member) for member in passing_members[:PAIR_WALKS])
     return rate, next((pair for pair in walks if pair is not None), None)
-
-
-def measure_and_refine(prop, impl, strategy, run_example: Callable, diagnosis: Diagnosis, failing_case) -> None:
-    """Measure the cell's failure rate; a partial cell whose walk found the field that separates a
-    failing from a passing member is narrowed by that field's failing value and measured again
-    (the pair is kept: it is why the cell was refined)."""
-    diagnosis.rate, diagnosis.pair = measure(prop, impl, strategy, run_example, diagnosis.condition, failing_case)
-    if diagnosis.pair and diagnosis.rate[0] < diagnosis.rate[1]:
-        field = diagnosis.pair["field"]
-        in_condition = any(kind.startswith("field") and name == field for kind, name, _ in diagnosis.condition)
-        if field not in DATA_FIELDS and not in_condition:
-            narrowed = diagnosis.condition + [["field", field, [diagnosis.pair["failing"]]]]
-            rate, _ = measure(prop, impl, strategy, run_example, narrowed, failing_case)
-            if rate[1]:
-                diagnosis.pair["unrefined_rate"] = diagnosis.rate
-                diagnosis.condition, diagnosis.rate = narrowed, rate
 
 
 def data_fields(case) -> dict[str, object]:
