@@ -17,7 +17,7 @@ from report_pages import parse, report
 from mla_fuse_conformance.commands import report_heatmap, report_html
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-SCHEMA1 = ROOT / "docs" / "vllm-cpu" / "vllm-cpu-amx"
+SCHEMA1 = ROOT / "tests" / "data" / "vllm-cpu-amx-schema1"  # docs/vllm-cpu/vllm-cpu-amx before its schema-2 regeneration
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
 

@@ -63,7 +63,7 @@ def test_verify_appends_the_summary_to_the_job_summary(tmp_path):
 
 
 def test_the_report_command_renders_a_committed_schema1_directory(tmp_path, capsys):
-    for path in (ROOT / "docs" / "vllm-cpu" / "vllm-cpu-amx").glob("*.json"):
+    for path in (ROOT / "tests" / "data" / "vllm-cpu-amx-schema1").glob("*.json"):
         shutil.copy(path, tmp_path)
     assert cli.main(["report", str(tmp_path)]) == 0
     assert capsys.readouterr().out == f"report: {tmp_path / 'report.html'}, {tmp_path / 'summary.md'}\n"
