@@ -7,7 +7,8 @@ pytest loads it into every session of an environment where mla_fuse is installed
 guest, as hypothesis' own plugin is:
 
 * at import it loads the standard library, pytest and the option names of
-  ``declarations.options`` only (no torch, hypothesis or Triton);
+  ``declarations.options`` only (no torch, hypothesis or Triton), and at registration its hook
+  specifications (``hookspecs.py``, standard library only);
 * its options are all ``--mla-fuse-*`` (``--mla-fuse-impl``, ``--mla-fuse-require``), so a
   project's own ``--impl`` keeps working;
 * it writes nothing to ``os.environ``, registers and loads no hypothesis profile and writes no

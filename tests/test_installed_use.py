@@ -211,7 +211,8 @@ TEAM_PROJECT = {
             assert not settings.get_current_profile_name().startswith("mla_fuse.")  # hypothesis' own (ci under CI=true)
             assert not [name for name in os.environ if name.startswith("MLA_FUSE")]
             ours = [name for name in sys.modules if name.startswith(("torch", "triton", "mla_fuse"))]
-            assert set(ours) <= {"mla_fuse_conformance", "mla_fuse_conformance.plugin",  # and its option names
+            assert set(ours) <= {"mla_fuse_conformance", "mla_fuse_conformance.plugin",  # its option names and
+                                 "mla_fuse_conformance.hookspecs",  # hook specs (standard library only)
                                  "mla_fuse_conformance.declarations", "mla_fuse_conformance.declarations.options"}, ours
 
         def test_their_impl_option(request):
