@@ -194,7 +194,9 @@ def pytest_command(spec: str, profile: str, report_dir: pathlib.Path, workers: s
             *([f"--mla-fuse-require={','.join(require)}"] if require else []),
             f"--hypothesis-profile={profiles.full_name(profile)}", f"--junitxml={report_dir / 'junit.xml'}",
             "-p", "no:cacheprovider", *([] if sys.stdout.isatty() else ["-p", progress.PLUGIN]), "-n", workers,
-            *ignored_modules(spec), *extra]
+            "--tb=line", *ignored_modules(spec), *extra]  # one line per failure: the report below has each
+    # failure's case, features and replay command (hypothesis' printed examples ran to thousands of lines;
+    # `-- --tb=long` brings them back: the last --tb wins)
 
 
 def ignored_modules(spec: str) -> list[str]:
