@@ -16,6 +16,8 @@ import pathlib
 import platform
 import sys
 
+from mla_fuse_conformance.contract.implementation import distribution_of
+
 # the vector extensions that decide which CPU kernels run, in /proc/cpuinfo's spelling
 VECTOR_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
                 "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve")
@@ -95,12 +97,8 @@ def implementation_version(impl) -> str | None:
     module = adapter_module(impl)
     if module is None:
         return None
-    top = module.__name__.partition(".")[0]
-    for distribution in importlib.metadata.packages_distributions().get(top, ()):
-        found = package_version(distribution)
-        if found:
-            return found
-    return None
+    found = distribution_of(module.__name__.partition(".")[0])
+    return found[1] if found else None
 
 
 def implementation(impl, declarations: list[str]) -> dict:

@@ -186,13 +186,13 @@ def reproduced(kind: str, run: subprocess.CompletedProcess | None) -> bool:
     return run.returncode == 1 and "differ from the formula" in run.stdout
 
 
-def write_script(cell: dict, directory: pathlib.Path, implementation: dict,
+def write_script(cell: dict, record: dict, directory: pathlib.Path, implementation: dict,
                  impl) -> tuple[pathlib.Path, pathlib.Path | None]:
-    """Write the reproducer of one cell: the script and its .pt file (None when every buffer is a literal)."""
+    """Write the reproducer of one cell from its failure ``record`` (the JSON of ``cell["replay"]["file"]``):
+    the script and its .pt file (None when every buffer is a literal)."""
     import torch
 
-    record = json.loads(pathlib.Path(cell["replay"]["file"]).read_text())
-    record["file"] = cell["replay"]["file"]
+    record = dict(record, file=cell["replay"]["file"])
     operation = operation_of(record)
     source = (getattr(impl.target, "call_source", None) or {}).get(operation) if impl is not None else None
     script = directory / f"{slug(cell)}.py"
@@ -237,7 +237,7 @@ def write_reproducers(report_dir: pathlib.Path, report: dict, python: str = sys.
             if (record.get("case") or {}).get("type") not in CASE_TYPES:
                 continue  # a compile-pass case: its failure file replays it (mla-fuse repro)
             directory.mkdir(parents=True, exist_ok=True)
-            script, data = write_script(cell, directory, report["implementation"], impl)
+            script, data = write_script(cell, record, directory, report["implementation"], impl)
         except Exception as error:  # noqa: BLE001 - one cell's script must not cost the report
             print(f"reproducer: none for {cell['id']}: {type(error).__name__}: {error}"[:300], flush=True)
             continue

