@@ -97,3 +97,55 @@ def test_the_plugin_registers_its_hooks_with_pytests_terminal_reporter(pytester)
     hooks = config.pluginmanager.get_plugin("mla_fuse_progress")
     assert isinstance(hooks, progress.PytestProgress) and hooks.terminal is config.pluginmanager.get_plugin(
         "terminalreporter")
+
+
+ROPE = "test_rotary_embedding:test_rotary_embedding_matches_reference"
+
+
+def rank3_heads_fail(clock: Clock):
+    """A map's ``run_example`` with no kernel: rank-3 queries of more than one head fail; 1 s a case."""
+    def run(case):
+        clock.now += 1
+        if case.rank == 3 and case.heads > 1:
+            raise AssertionError("heads past the first wrong")
+    return run
+
+
+def map_with_progress(tmp_path, monkeypatch, shown: progress.Progress, clock: Clock):
+    from mla_fuse_conformance.commands.conformance_map import map_property
+    from mla_fuse_conformance.contract.implementation import load_implementation
+    from mla_fuse_conformance.running.harness import property_named
+
+    monkeypatch.setenv("MLA_FUSE_FAILURE_DIR", str(tmp_path))
+    counted = progress.Counted(rank3_heads_fail(clock), shown, f"mapping {ROPE}", clock=clock)
+    found = map_property(property_named(ROPE), load_implementation("reference"), "cpu", counted, max_examples=20,
+                         rounds=2, on_step=counted.step)
+    return found, counted
+
+
+def test_the_map_tells_its_round_and_the_cell_it_is_drawing_as_it_goes(tmp_path, monkeypatch):
+    written, clock = [], Clock()
+    shown = progress.Progress(written.append, tty=True, clock=clock, width=lambda: 1000)
+    found, counted = map_with_progress(tmp_path, monkeypatch, shown, clock)
+    title = found.cells[0].title()
+    assert len(found.cells) == 1 and "heads > 1: yes" in title, title
+    steps = list(dict.fromkeys(line.strip().partition("; now ")[2] for line in written))
+    rate = "/".join(map(str, found.cells[0].diagnosis["rate"]))
+    assert steps[:3] == ["round 1/2, searching", "round 1/2, cell 1: wrong result, finding its feature values",
+                         "round 1/2, cell 1: query rank 3, heads >1, finding its trigger"], steps
+    assert steps[3].startswith("round 1/2, cell 1: ") and steps[3].endswith(", measuring its failure rate"), steps
+    assert steps[4:] == [f"round 1/2, cell 1: {title} (fails {rate})", "round 2/2, searching"], steps
+    assert written[-1].strip() == counted.line(step=True) and counted.line().endswith(
+        f"{counted.tried} cases tried, {counted.failing} failing, {progress.elapsed(clock.now - 100)}")
+
+
+def test_piped_the_map_prints_its_step_once_per_30_s_and_a_terminal_line_fits_its_width(tmp_path, monkeypatch):
+    written, clock = [], Clock()
+    found, counted = map_with_progress(tmp_path, monkeypatch, progress.Progress(written.append, tty=False,
+                                                                                clock=clock), clock)
+    assert len(written) == 1 + (clock.now - 100) // 30 and all(line.endswith("\n") for line in written), written
+    assert written[0] == f"mla-fuse verify: mapping {ROPE}: 0 cases tried, 0 failing, 0:00; now round 1/2, searching\n"
+    assert any(f"; now round 1/2, cell 1: " in line for line in written), written
+    narrow = []
+    progress.Progress(narrow.append, tty=True, width=lambda: 20).update("x" * 50)
+    assert narrow == ["\r" + "x" * 19]

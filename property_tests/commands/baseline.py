@@ -20,6 +20,7 @@ import dataclasses
 import json
 import pathlib
 
+from mla_fuse_conformance.commands.known_cells import kind_family
 from mla_fuse_conformance.commands.report_json import cell_id, kind_class
 
 BASELINE_OPTION, KNOWN_FAILURES_OPTION, WRITE_OPTION = "--baseline", "--known-failures", "--write-known-failures"
@@ -40,6 +41,7 @@ class Known:
     ids: frozenset[str]
     sources: tuple[str, ...]
     notes: tuple[str, ...] = ()
+    cells: tuple[dict, ...] = ()  # the baseline reports' cells (schema 2): the map sorts their failures out first
 
 
 def property_key(nodeid: str) -> str:
@@ -52,13 +54,6 @@ def short_nodeid(nodeid: str) -> str:
     """The test id without its directory (which differs between installs and checkouts)."""
     path, _, rest = nodeid.partition("::")
     return f"{pathlib.PurePath(path).name}::{rest}"
-
-
-def kind_family(kind: str) -> str:
-    """How a test's failure and a cell compare: ``raised TYPE``, ``hung``, or ``wrong result or
-    crashed`` (a crash seen by the test runner carries no signal; the map's does; ``match_key``)."""
-    kind = kind_class(kind)
-    return "wrong result or crashed" if kind == "wrong result" or kind.startswith("crashed") else kind
 
 
 def match_key(failing_id: str) -> str:
@@ -102,8 +97,8 @@ def failing_ids(cells: list[dict], outcomes: list[dict]) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def report_ids(path: pathlib.Path) -> tuple[set[str], str | None]:
-    """The failing ids of an earlier report.json, and a note where they are only its cells."""
+def read_report(path: pathlib.Path) -> dict:
+    """An earlier report.json (schema 2 or 1), or a ``BaselineError`` naming the option."""
     shown = f"{BASELINE_OPTION} {path}"
     try:
         report = json.loads(path.read_text())
@@ -116,10 +111,16 @@ def report_ids(path: pathlib.Path) -> tuple[set[str], str | None]:
     if not isinstance(report, dict) or report.get("schema", 1) not in (1, 2) or "implementation" not in report:
         what = f"schema {report['schema']}" if isinstance(report, dict) and "schema" in report else "another JSON file"
         raise BaselineError(f"{shown}: not a report.json of mla-fuse verify (schema 2 or 1), found {what}")
+    return report
+
+
+def report_ids(path: pathlib.Path, report: dict | None = None) -> tuple[set[str], str | None]:
+    """The failing ids of an earlier report.json, and a note where they are only its cells."""
+    report = report if report is not None else read_report(path)
     if "failing" in report:
         return set(report["failing"]), None
-    note = (f"{shown} predates report.json's `failing`: only its map's cells are known; its other failing tests "
-            "count as new")
+    note = (f"{BASELINE_OPTION} {path} predates report.json's `failing`: only its map's cells are known; its other "
+            "failing tests count as new")
     if report.get("schema") == 2:
         return {cell["id"] for cell in report.get("cells", [])}, note
     from mla_fuse_conformance.commands.conformance_map import Cell
@@ -152,14 +153,17 @@ def load(baselines: list[pathlib.Path], known_files: list[pathlib.Path]) -> Know
     """The known ids of every ``--baseline`` and ``--known-failures`` given (None: neither given)."""
     if not baselines and not known_files:
         return None
-    ids, notes = set(), []
+    ids, notes, cells = set(), [], []
     for path in baselines:
-        found, note = report_ids(path)
+        report = read_report(path)
+        found, note = report_ids(path, report)
         ids |= found
         notes += [note] if note else []
+        cells += [cell for cell in report.get("cells", []) if report.get("schema") == 2 and cell["id"] in found]
     for path in known_files:
         ids |= known_failures_ids(path)
-    return Known(frozenset(ids), tuple(str(path.absolute()) for path in [*baselines, *known_files]), tuple(notes))
+    return Known(frozenset(ids), tuple(str(path.absolute()) for path in [*baselines, *known_files]), tuple(notes),
+                 tuple(cells))
 
 
 def judge(report: dict, outcomes: list[dict], known: Known | None) -> int:

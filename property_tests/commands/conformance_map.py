@@ -36,9 +36,12 @@ from mla_fuse_conformance.cases.types import BadInputCase
 from mla_fuse_conformance.running.executor import ChildNotProvided, Crashed, RaisedInChild
 from mla_fuse_conformance.cases.features import AXIS, axes_for, describe, features
 from mla_fuse_conformance.commands import diagnosis as diagnosing
-from mla_fuse_conformance.commands import refinement
+from mla_fuse_conformance.commands import known_cells, refinement
 
 FAILURES = diagnosing.FAILURES
+SOURCE_NOTES = {"test run": " (from the test run's failing example, not shrunk)",
+                known_cells.SOURCE: " (known: the baseline's cell, its condition and rate; this run's failing "
+                                    "example inside it below)"}
 
 
 @dataclasses.dataclass
@@ -50,7 +53,8 @@ class Cell:
     error: str
     file: str
     diagnosis: dict | None = None  # diagnosis.Diagnosis as a dict: the trigger in the case's own fields
-    source: str = "shrunk"  # "shrunk" (hypothesis' shrunk case) or "test run" (the property test's example)
+    source: str = "shrunk"  # "shrunk" (hypothesis' shrunk case), "test run" (the property test's example) or
+    # "baseline" (a known cell of --baseline, confirmed by this run's example: its condition and rate the baseline's)
 
     def title(self) -> str:
         if self.diagnosis is None:
@@ -92,7 +96,7 @@ class PropertyMap:
             else:
                 diagnosis = diagnosing.Diagnosis.from_dict(cell.diagnosis)
                 out.append(f"  fails   {diagnosis.describe()}: {kinds}; {diagnosis.rate_text()}"
-                           + ("" if cell.source == "shrunk" else " (from the test run's failing example, not shrunk)"))
+                           + SOURCE_NOTES.get(cell.source, ""))
                 out += diagnosis.lines()
                 if diagnosis.pair and diagnosis.pair.get("file"):
                     pair = diagnosis.pair
@@ -188,12 +192,17 @@ def failing_cell(prop, impl, run_example: Callable, case) -> dict[str, str]:
     return cell
 
 
-def _cell(prop, impl, device, run_example: Callable, strategy, case, error, source: str = "shrunk") -> Cell:
+def _cell(prop, impl, device, run_example: Callable, strategy, case, error, source: str = "shrunk",
+          on_step: Callable[[str], None] = lambda text: None) -> Cell:
     """A failing cell of ``case``: its feature-axis cell, its diagnosis in its own fields with the
-    failure rate inside it, and its replay file."""
+    failure rate inside it, and its replay file (``on_step``: told each step as it starts)."""
+    on_step(f"{recording.failure_kind(error)}, finding its feature values")
     cell = failing_cell(prop, impl, run_example, case)
+    on_step(f"{describe(cell)}, finding its trigger")
     diagnosis = diagnosing.diagnose(prop, impl, run_example, case)
+    on_step(f"{diagnosis.describe()}, measuring its failure rate")
     refinement.measure_and_refine(prop, impl, strategy, run_example, diagnosis, case)
+    on_step(f"{diagnosis.describe()} (fails {'/'.join(map(str, diagnosis.rate or [0, 0]))})")
     if diagnosis.pair:
         diagnosis.pair["file"] = _pair_file(prop, impl, device, run_example, diagnosis.pair)
     failure = dict(recording.failure_record(prop, impl, device, case, error), cell=cell,
@@ -220,15 +229,21 @@ def _pair_file(prop, impl, device, run_example: Callable, pair: dict) -> str | N
 
 
 def map_property(prop, impl, device, run_example: Callable, max_examples: int, rounds: int = 6,
-                 known: tuple = ()) -> PropertyMap:
+                 known: tuple = (), baseline: list[dict] = (), on_step: Callable[[str], None] = lambda text: None,
+                 ) -> PropertyMap:
     """The conformance map of ``prop`` on ``impl`` (module docstring). ``known``: the cases the
-    property's test failed with, diagnosed when the map's own searches meet no failure."""
+    property's test failed with, diagnosed when the map's own searches meet no failure;
+    ``baseline``: a baseline report's cells of ``prop``, sorted out first (``known_cells.py``);
+    ``on_step``: told each step (``round 2/6, cell 3: CONDITION (fails 4/4)``) as it starts."""
+    sorter = known_cells.Sorter(run_example, prop.rotates, list(baseline))
+    run_example = sorter if baseline else run_example
     cells: list[Cell] = []
     exclude: list[dict] = []
     passing: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     examples, complete = 0, False
     strategy = prop.strategy_for(impl)
-    for _ in range(rounds):
+    for number in range(1, rounds + 1):
+        on_step(f"round {number}/{rounds}, searching")
         case, error, passed = search(prop, strategy, run_example, exclude, max_examples,
                                      conditions=tuple(c.diagnosis["condition"] for c in cells if c.diagnosis))
         examples += len(passed) + (case is not None)
@@ -238,18 +253,34 @@ def map_property(prop, impl, device, run_example: Callable, max_examples: int, r
         if case is None:
             complete = True
             break
-        cells.append(_cell(prop, impl, device, run_example, strategy, case, error))
+        step = lambda text, head=f"round {number}/{rounds}, cell {len(cells) + 1}": on_step(f"{head}: {text}")
+        cells.append(_cell(prop, impl, device, run_example, strategy, case, error, on_step=step))
         exclude.append(cells[-1].features)
         if not cells[-1].features:  # every case tried fails: nothing left to map
             complete = True
             break
+    carried = [_carried(prop, impl, device, found) for found in sorter.confirm(known)] if baseline else []
     note = None
-    if not cells:
-        note = _known_failures(prop, impl, device, run_example, strategy, known, cells, examples)
+    if not cells and not carried:
+        outside = tuple(case for case in known if not sorter.inside(case))
+        note = _known_failures(prop, impl, device, run_example, strategy, outside, cells, examples)
     order = {axis.name: index for index, axis in enumerate(axes_for(prop.rotates))}
     ordered = {axis: dict(sorted(counts.items(), key=lambda item: AXIS[axis].values.index(item[0])))
                for axis, counts in sorted(passing.items(), key=lambda item: order.get(item[0], 99))}
-    return PropertyMap(prop.name, prop.operations, cells, ordered, examples, complete, note=note or None)
+    return PropertyMap(prop.name, prop.operations, [*carried, *cells], ordered, examples, complete,
+                       note=note or None)
+
+
+def _carried(prop, impl, device, known: known_cells.KnownCell) -> Cell:
+    """A known cell of the baseline this run fails in: the baseline's condition (so its id), this
+    run's failing example as its replay file."""
+    entry = known.entry
+    failure = dict(recording.failure_record(prop, impl, device, known.case, known.error),
+                   cell=entry["condition"].get("features") or {}, trigger=entry["condition"]["text"])
+    path = recording.save_failure(failure, f"map:{prop.name}", profiles.full_name("ci"))
+    return Cell(entry["condition"].get("features") or {}, failure["kind"],
+                failure["error"].splitlines()[0][:300] if failure["error"] else "", str(path),
+                known_cells.diagnosis_of(entry), known_cells.SOURCE)
 
 
 def _known_failures(prop, impl, device, run_example, strategy, known, cells, examples) -> str:

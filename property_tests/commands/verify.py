@@ -234,9 +234,10 @@ def failing_properties(outcomes: list[dict]) -> list[str]:
     return names
 
 
-def run_maps(impl, outcomes: list[dict], profile: str, rounds: int, phases: dict) -> tuple[list, list]:
-    """Conformance maps of the failing properties, and the checks of the declared limits (their
-    seconds added to ``phases`` as ``map`` and ``limits``)."""
+def run_maps(impl, outcomes: list[dict], profile: str, rounds: int, phases: dict,
+             known_cells: tuple[dict, ...] = ()) -> tuple[list, list]:
+    """Conformance maps of the failing properties (``known_cells``: a baseline's, sorted out first), and the
+    checks of the declared limits (their seconds added to ``phases`` as ``map`` and ``limits``)."""
     from mla_fuse_conformance.running.devices import select_device
     from mla_fuse_conformance.running.executor import Executor
     from mla_fuse_conformance.cases import types as case_types
@@ -257,7 +258,8 @@ def run_maps(impl, outcomes: list[dict], profile: str, rounds: int, phases: dict
             try:
                 known = tuple(case_types.from_jsonable(line["failure"]["case"]) for line in outcomes
                               if (line.get("failure") or {}).get("property") == name and line["failure"].get("case"))
-                maps.append(map_property(prop, impl, device, run, max_examples, rounds, known=known))
+                maps.append(map_property(prop, impl, device, run, max_examples, rounds, known=known, on_step=run.step,
+                                         baseline=[cell for cell in known_cells if cell["property"] == name]))
                 shown.phase(f"{run.line()}: {len(maps[-1].cells)} failing cells")
             except Exception as error:  # noqa: BLE001 - one property's map must not cost the report
                 shown.phase(f"mla-fuse verify: the map of {name} could not be finished: {type(error).__name__}: "
@@ -303,7 +305,8 @@ def run_verify(impl_spec: str | None, profile: str, report_dir: pathlib.Path, wo
     phases = {"properties": round(time.monotonic() - started, 1)}
     outcomes = read_outcomes(report_dir / OUTCOMES_FILE)
     summaries = summarize(outcomes, impl.spec)
-    maps, limits = run_maps(impl, outcomes, profile, map_rounds, phases) if map_rounds else ([], [])
+    maps, limits = run_maps(impl, outcomes, profile, map_rounds, phases, known.cells if known else ()) \
+        if map_rounds else ([], [])
     elapsed = time.monotonic() - started
     failed = returncode not in (0, 5) or any(s.failed for s in summaries.values()) or not outcomes
     deployments = report_json.deployments(outcomes, maps)

@@ -1,0 +1,146 @@
+"""A baseline's failing cells, sorted out of a conformance map before it is drawn (``verify --baseline``).
+
+Without a baseline, the map of a property draws its cells from every failure it meets. With one,
+the new run's failures of a property the baseline already fails would be mapped together with the
+known ones, and the known cells would come out described differently (a condition text that
+covers both), so every id would look new. Instead, each example the map runs is first sorted by
+the baseline's cells of that property (``cells[]`` of the baseline report). A case is inside a
+known cell where the baseline's map left it out of its searches once it had found the cell
+(``conformance_map.search``): the case has the cell's feature values (``condition.features``), or
+the cell's condition (``condition.data``) holds for it (``diagnosis.inside``). Then:
+
+- an example inside a known cell that fails the way the cell failed (``kind_family``:
+  a wrong result and a crash are one) is the known failure: the first one confirms the cell
+  (with this run's failure file), and to the map it is a rejected case (``UnsatisfiedAssumption``:
+  hypothesis draws another, the diagnosis does not count it, a failure rate leaves it out);
+- every other example counts as it does without a baseline: one outside every known cell, one
+  inside that passes, and one inside that fails another way (a new failure in a known cell).
+
+So the map's searches, shrinking, diagnosis and rates see only what the baseline does not
+explain: a new bug is mapped from its own failures and gets its own id, and a confirmed known
+cell keeps the baseline's id and condition. A known cell no example of the map confirmed is tried
+with the property test's failing examples inside it, then with the baseline's own failing example
+(its failure file, where that still exists); one that none of them fails in is not carried, and
+its id is listed as now passing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from typing import Callable
+
+from hypothesis.errors import UnsatisfiedAssumption
+
+from mla_fuse_conformance.cases import types as case_types
+from mla_fuse_conformance.cases.features import features
+from mla_fuse_conformance.cases.types import BadInputCase
+from mla_fuse_conformance.commands import diagnosis as diagnosing
+from mla_fuse_conformance.commands.report_json import kind_class
+from mla_fuse_conformance.running import recording
+from mla_fuse_conformance.running.executor import ChildNotProvided
+
+SOURCE = "baseline"  # ``Cell.source`` of a carried known cell
+
+
+def kind_family(kind: str) -> str:
+    """How two failures' kinds compare: ``raised TYPE``, ``hung``, or ``wrong result or crashed`` (a
+    crash seen by the test runner carries no signal, the map's does; ``baseline.match_key``)."""
+    kind = kind_class(kind)
+    return "wrong result or crashed" if kind == "wrong result" or kind.startswith("crashed") else kind
+
+
+@dataclasses.dataclass
+class KnownCell:
+    """A baseline report's cell (``entry``) and this run's failing example inside it, once found."""
+
+    entry: dict
+    case: object = None
+    error: BaseException | None = None
+
+    def holds(self, case, rotates: bool, relations: Callable[[], dict | None]) -> bool:
+        """Whether ``case`` lies inside the cell as the map that found it left it out of its later
+        searches (``conformance_map.search``): it has the cell's feature values, or its condition
+        holds (``relations``: the case's, computed once on demand)."""
+        condition, data = self.entry["condition"], self.entry["condition"].get("data")
+        found = features(case.base if isinstance(case, BadInputCase) else case, rotates)
+        if all(found.get(axis) == value for axis, value in (condition.get("features") or {}).items()):
+            return True
+        if data is None:
+            return False
+        return diagnosing.inside(data, case, relations() or {} if any(kind == "relation" for kind, _, _ in data)
+                                 else {})
+
+    def explains(self, error: BaseException) -> bool:
+        return kind_family(recording.failure_kind(error)) == kind_family(self.entry["kind"])
+
+
+class Sorter:
+    """``run_example`` of a map with a baseline: runs every example and rejects the known failures."""
+
+    def __init__(self, run_example: Callable, rotates: bool, entries: list[dict]) -> None:
+        self.run_example, self.rotates = run_example, rotates
+        self.known = [KnownCell(entry) for entry in entries]
+
+    def inside(self, case) -> list[KnownCell]:
+        cached: list = []
+
+        def relations():
+            if not cached:
+                cached.append(diagnosing.relations_of(case))
+            return cached[0]
+
+        return [known for known in self.known if known.holds(case, self.rotates, relations)]
+
+    def __call__(self, case, *args):
+        cells = self.inside(case) if self.known else []
+        try:
+            return self.run_example(case, *args)
+        except diagnosing.FAILURES as error:
+            explained = [known for known in cells if known.explains(error)]
+            if not explained:
+                raise
+            for known in explained:
+                if known.case is None:
+                    known.case, known.error = case, error
+            raise UnsatisfiedAssumption(f"a known failure: {explained[0].entry['id']}") from None
+
+    def confirm(self, tried: tuple) -> list[KnownCell]:
+        """The known cells with a failing example: the map's, else one of ``tried`` (the property
+        test's failing cases) or the baseline's own failing case inside the cell."""
+        for known in self.known:
+            for case in [*tried, *baseline_case(known.entry)]:
+                if known.case is not None:
+                    break
+                if known.holds(case, self.rotates, lambda case=case: diagnosing.relations_of(case)):
+                    self.rerun(known, case)
+        return [known for known in self.known if known.case is not None]
+
+    def rerun(self, known: KnownCell, case) -> None:
+        try:
+            self.run_example(case)
+        except diagnosing.FAILURES as error:
+            if known.explains(error):
+                known.case, known.error = case, error
+        except (UnsatisfiedAssumption, ChildNotProvided):
+            pass
+
+
+def baseline_case(entry: dict) -> list:
+    """The case of the baseline cell's failure file, or nothing where the file is gone or unreadable."""
+    path = (entry.get("replay") or {}).get("file")
+    try:
+        return [case_types.from_jsonable(json.loads(pathlib.Path(path).read_text())["case"])] if path else []
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+def diagnosis_of(entry: dict) -> dict | None:
+    """The baseline cell's diagnosis as ``conformance_map.Cell`` keeps one (None: a cell of feature values)."""
+    if entry["condition"].get("data") is None:
+        return None
+    return {"fields": entry.get("fields") or [], "relations": entry.get("relations") or {},
+            "condition": entry["condition"]["data"], "tried": 0, "dropped": 0, "rate": entry.get("rate"),
+            "pair": entry.get("pair"), "refined_from": None}
+
