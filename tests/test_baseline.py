@@ -224,23 +224,29 @@ def rope_map(run, baseline_cells=()):
     return report_json.cells([found])
 
 
-KNOWN_BUG = lambda case: case.rank == 3 and case.heads > 1  # noqa: E731 - rank-3 queries of several heads
-PLANTED_BUG = lambda case: case.rank == 2 and not case.is_neox and case.tokens > 0  # noqa: E731
+def known_bug(case) -> bool:
+    """Rank-3 queries of several heads (the bug the baseline knows)."""
+    return case.rank == 3 and case.heads > 1
+
+
+def planted_bug(case) -> bool:
+    """Non-empty rank-2 GPT-J queries (the bug planted since)."""
+    return case.rank == 2 and not case.is_neox and case.tokens > 0
 
 
 def test_a_new_bug_in_a_property_the_baseline_fails_is_mapped_alone_and_the_known_cell_keeps_its_id(
         tmp_path, monkeypatch):
     monkeypatch.setenv("MLA_FUSE_FAILURE_DIR", str(tmp_path))
-    old = rope_map(fake_kernel(KNOWN_BUG))
+    old = rope_map(fake_kernel(known_bug))
     assert [c["condition"]["features"] for c in old] == [{"query rank": "3", "heads": ">1"}], old
-    now = rope_map(fake_kernel(KNOWN_BUG, PLANTED_BUG), old)
+    now = rope_map(fake_kernel(known_bug, planted_bug), old)
     assert [c["source"] for c in now] == ["baseline", "shrunk"] and now[0]["id"] == old[0]["id"], now
     assert now[0]["replay"]["file"] != old[0]["replay"]["file"]  # this run's failing example
     assert "is_neox no" in now[1]["id"] and "rank 2" in now[1]["id"] and now[1]["rate"][0] == now[1]["rate"][1], now
     found = report(cells=now)
     assert baseline.judge(found, [], known(*(c["id"] for c in old))) == 1
     assert found["baseline"]["new"] == [now[1]["id"]] and found["baseline"]["known"] == [old[0]["id"]]
-    fixed = rope_map(fake_kernel(PLANTED_BUG), old)  # the known bug fixed: its cell is not carried
+    fixed = rope_map(fake_kernel(planted_bug), old)  # the known bug fixed: its cell is not carried
     assert [c["source"] for c in fixed] == ["shrunk"] and fixed[0]["id"] == now[1]["id"], fixed
 
 
