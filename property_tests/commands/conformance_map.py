@@ -229,8 +229,8 @@ def _pair_file(prop, impl, device, run_example: Callable, pair: dict) -> str | N
 
 
 def map_property(prop, impl, device, run_example: Callable, max_examples: int, rounds: int = 6,
-                 known: tuple = (), baseline: list[dict] = (), on_step: Callable[[str], None] = lambda text: None,
-                 ) -> PropertyMap:
+                 known: tuple = (), baseline: tuple[dict, ...] | list[dict] = (),
+                 on_step: Callable[[str], None] = lambda text: None) -> PropertyMap:
     """The conformance map of ``prop`` on ``impl`` (module docstring). ``known``: the cases the
     property's test failed with, diagnosed when the map's own searches meet no failure;
     ``baseline``: a baseline report's cells of ``prop``, sorted out first (``known_cells.py``);
@@ -253,8 +253,9 @@ def map_property(prop, impl, device, run_example: Callable, max_examples: int, r
         if case is None:
             complete = True
             break
-        step = lambda text, head=f"round {number}/{rounds}, cell {len(cells) + 1}": on_step(f"{head}: {text}")
-        cells.append(_cell(prop, impl, device, run_example, strategy, case, error, on_step=step))
+        head = f"round {number}/{rounds}, cell {len(cells) + 1}"
+        cells.append(_cell(prop, impl, device, run_example, strategy, case, error,
+                           on_step=lambda text, head=head: on_step(f"{head}: {text}")))
         exclude.append(cells[-1].features)
         if not cells[-1].features:  # every case tried fails: nothing left to map
             complete = True

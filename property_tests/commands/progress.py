@@ -69,7 +69,7 @@ class Counted:
 
     def line(self, step: bool = False) -> str:
         """``mla-fuse verify: mapping P: 130 cases tried, 12 failing, 1:23`` and, with ``step``, ``; now
-        round 2/6, cell 3: dtype bfloat16; is_neox: yes (fails 4/4)``."""
+        round 2/6, cell 3: dtype bfloat16; is_neox yes (fails 4/4)``."""
         return (f"mla-fuse verify: {self.label}: {self.tried} cases tried, {self.failing} failing, "
                 f"{elapsed(self.clock() - self.started)}" + (f"; now {self.now}" if step and self.now else ""))
 
