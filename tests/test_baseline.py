@@ -250,6 +250,22 @@ def test_a_new_bug_in_a_property_the_baseline_fails_is_mapped_alone_and_the_know
     assert [c["source"] for c in fixed] == ["shrunk"] and fixed[0]["id"] == now[1]["id"], fixed
 
 
+def test_a_failure_of_another_kind_inside_a_known_cell_is_new(tmp_path, monkeypatch):
+    from mla_fuse_conformance.running.executor import RaisedInChild
+
+    monkeypatch.setenv("MLA_FUSE_FAILURE_DIR", str(tmp_path))
+    old = rope_map(fake_kernel(known_bug))
+
+    def raises_for_float32(case, *args):
+        if known_bug(case) and case.dtype == "float32":
+            raise RaisedInChild("RuntimeError", "float32 is not supported")
+        fake_kernel(known_bug)(case)
+
+    now = rope_map(raises_for_float32, old)
+    assert [(c["source"], c["kind"]) for c in now] == [("baseline", "wrong result"), ("shrunk", "raised RuntimeError")]
+    assert now[1]["id"].startswith(f"{ROPE} | raised RuntimeError | "), now[1]["id"]
+
+
 VLLM_BASELINE = ROOT / "tests/data/vllm-cpu-amx-rope-baseline/report.json"  # its run.command made it, on AVX512-BF16
 PLANTED_IN_VLLM = '''
 import torch
