@@ -256,12 +256,12 @@ def test_a_failure_of_another_kind_inside_a_known_cell_is_new(tmp_path, monkeypa
     monkeypatch.setenv("MLA_FUSE_FAILURE_DIR", str(tmp_path))
     old = rope_map(fake_kernel(known_bug))
 
-    def raises_for_float32(case, *args):
-        if known_bug(case) and case.dtype == "float32":
-            raise RaisedInChild("RuntimeError", "float32 is not supported")
+    def raises_for_neox(case, *args):
+        if known_bug(case) and case.is_neox:
+            raise RaisedInChild("RuntimeError", "NeoX style is not supported")
         fake_kernel(known_bug)(case)
 
-    now = rope_map(raises_for_float32, old)
+    now = rope_map(raises_for_neox, old)
     assert [(c["source"], c["kind"]) for c in now] == [("baseline", "wrong result"), ("shrunk", "raised RuntimeError")]
     assert now[1]["id"].startswith(f"{ROPE} | raised RuntimeError | "), now[1]["id"]
 
