@@ -143,6 +143,9 @@ class PropertyRun:
         (hundreds of explicit cases) would fill a log; the case itself is printed beside it."""
         return f"PropertyRun({self.prop.name!r}, impl={getattr(self.impl, 'name', self.impl)!r}, device={str(self.device)!r})"
 
+    def _repr_pretty_(self, printer, cycle) -> None:  # hypothesis' printer would list a dataclass's fields
+        printer.text(repr(self))
+
     def example(self, case, check: Callable, *arguments):
         """Run ``check(self, case, *arguments)`` as one example of the property."""
         prop, impl, recorder = self.prop, self.impl, self.recorder
