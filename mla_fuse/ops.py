@@ -61,6 +61,7 @@ Tensor = torch.Tensor
 def _rotary_embedding(positions: Tensor, query: Tensor, key: Optional[Tensor], head_size: int,
                       cos_sin_cache: Tensor, is_neox: bool) -> None:
     validation.check_rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
+    validation.require_kernel_device("rotary_embedding", "query", query)
     rope_kernel.launch(positions, query, key, head_size, cos_sin_cache, is_neox)
 
 
@@ -74,6 +75,7 @@ def _(positions, query, key, head_size, cos_sin_cache, is_neox) -> None:
 def _concat_and_cache_mla(kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor, slot_mapping: Tensor, kv_cache_dtype: str,
                           scale: Tensor) -> None:
     validation.check_concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale)
+    validation.require_kernel_device("concat_and_cache_mla", "kv_cache", kv_cache)
     mla_cache.launch(kv_c, k_pe, kv_cache, slot_mapping, validation.fp8_format(kv_cache_dtype), scale)
 
 
@@ -89,6 +91,7 @@ def _concat_and_cache_mla_rope_fused(positions: Tensor, q_pe: Tensor, k_pe: Tens
                                      kv_cache_dtype: str, kv_cache_scale: Tensor) -> None:
     validation.check_concat_and_cache_mla_rope_fused(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox,
                                                      slot_mapping, kv_cache, kv_cache_dtype, kv_cache_scale)
+    validation.require_kernel_device("concat_and_cache_mla_rope_fused", "kv_cache", kv_cache)
     mla_rope_cache.launch(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, slot_mapping, kv_cache,
                           validation.fp8_format(kv_cache_dtype), kv_cache_scale)
 
@@ -106,6 +109,7 @@ def _reshape_and_cache_flash(key: Tensor, value: Tensor, key_cache: Tensor, valu
                              slot_mapping: Tensor, kv_cache_dtype: str, k_scale: Tensor, v_scale: Tensor) -> None:
     validation.check_reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
                                              k_scale, v_scale)
+    validation.require_kernel_device("reshape_and_cache_flash", "key_cache", key_cache)
     flash_cache.launch(key, value, key_cache, value_cache, slot_mapping, validation.fp8_format(kv_cache_dtype),
                        k_scale, v_scale)
 
@@ -126,6 +130,7 @@ def _rope_and_reshape_and_cache_flash(positions: Tensor, query: Tensor, key: Ten
     validation.check_rope_and_reshape_and_cache_flash(positions, query, key, value, key_cache, value_cache,
                                                       slot_mapping, cos_sin_cache, is_neox, kv_cache_dtype,
                                                       k_scale, v_scale)
+    validation.require_kernel_device("rope_and_reshape_and_cache_flash", "key_cache", key_cache)
     flash_rope_cache.launch(positions, query, key, value, key_cache, value_cache, slot_mapping, cos_sin_cache,
                             is_neox, validation.fp8_format(kv_cache_dtype), k_scale, v_scale)
 

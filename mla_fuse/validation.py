@@ -160,6 +160,19 @@ def require_same_device(op: str, **tensors: torch.Tensor | None) -> None:
             )
 
 
+def require_kernel_device(op: str, name: str, tensor: torch.Tensor) -> None:
+    """The kernels of a process whose Triton backend is the GPU read CUDA memory only; a CPU tensor
+    would reach Triton's launcher and fail there with no argument named (``kernels.BACKEND``)."""
+    from mla_fuse import kernels  # chose its backend when first imported
+
+    if kernels.BACKEND == "gpu" and tensor.device.type == "cpu":
+        raise ValueError(
+            f"{op}: argument '{name}' is on the CPU, but mla_fuse's kernels run on the GPU in this process "
+            f"(Triton backend 'gpu'); pass CUDA tensors, or set ${kernels.BACKEND_ENV_VAR}=interpreter before "
+            "mla_fuse is imported to run CPU tensors through Triton's interpreter"
+        )
+
+
 def require_same_tokens(op: str, **tokens: int) -> int:
     """The token count most arguments agree on (the first named wins a tie); the odd one is named."""
     first, *rest = tokens.values()

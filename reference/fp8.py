@@ -14,7 +14,7 @@ import dataclasses
 
 import torch
 
-from .rounding import round_to_grid
+from .rounding import power_of_two, round_to_grid
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +47,7 @@ def encode(values: torch.Tensor, fmt: str) -> torch.Tensor:
     magnitude = torch.clamp(magnitude, max=f.max_finite)  # satfinite: never inf, never NaN
     normal = magnitude >= 2.0 ** f.min_exponent
     exponent = torch.where(normal, torch.frexp(magnitude).exponent - 1, f.min_exponent).to(torch.int64)
-    significand = magnitude / torch.ldexp(torch.ones_like(magnitude), exponent.to(torch.float64))
+    significand = magnitude / power_of_two(exponent)
     fraction = torch.where(normal, significand - 1, significand)  # 1.m for normals, 0.m for subnormals
     mantissa = (fraction * 2 ** f.mantissa_bits).to(torch.int64)  # exact: a whole number after rounding
     biased_exponent = torch.where(normal, exponent + f.bias, 0)
@@ -66,7 +66,7 @@ def decode(codes: torch.Tensor, fmt: str) -> torch.Tensor:
     fraction = mantissa / 2 ** f.mantissa_bits
     normal = biased_exponent > 0
     exponent = torch.where(normal, biased_exponent - f.bias, f.min_exponent).to(torch.float64)
-    magnitude = torch.ldexp(torch.where(normal, 1 + fraction, fraction), exponent)
+    magnitude = torch.where(normal, 1 + fraction, fraction) * power_of_two(exponent)
     top_exponent = biased_exponent == (1 << f.exponent_bits) - 1
     if fmt == "e4m3":  # FN: no infinities; only S.1111.111 is NaN
         nan = top_exponent & (mantissa == 2 ** f.mantissa_bits - 1)

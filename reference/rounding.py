@@ -8,7 +8,10 @@ are exact in float64 (scaling by a power of two), so the only rounding is the
 one asked for.
 
 torch's own float64 -> bfloat16/float16 casts go through float32 on the CPU
-(two roundings), which is why the reference does not use them.
+(two roundings), which is why the reference does not use them. Powers of two are
+built from their bits (``power_of_two``), not with ``torch.ldexp``: that is
+``x * pow(2, e)``, and ``pow`` on a CUDA device is not exact (on an H200 the
+reference then put fp8 codes one below the correct rounding).
 """
 
 from __future__ import annotations
@@ -23,12 +26,18 @@ FLOAT_FORMATS = {
 }
 
 
+def power_of_two(exponent: torch.Tensor) -> torch.Tensor:
+    """``2^exponent`` in float64, exactly, for integer ``exponent`` in [-1022, 1023] (normal float64
+    powers of two: the biased exponent ``exponent + 1023`` in bits 52-62, a zero fraction)."""
+    return ((exponent.to(torch.int64) + 1023) << 52).view(torch.float64)
+
+
 def round_to_grid(x: torch.Tensor, mantissa_bits: int, min_exponent: int) -> torch.Tensor:
     """Round float64 ``x`` to nearest, ties to even, on the grid described above (no range limit)."""
     assert x.dtype == torch.float64
     exponent = torch.frexp(x).exponent - 1  # |x| = m * 2^exponent with 1 <= m < 2
     exponent = torch.clamp(exponent, min=min_exponent)  # subnormals share the smallest normal's spacing
-    quantum = torch.ldexp(torch.ones_like(x), (exponent - mantissa_bits).to(torch.float64))
+    quantum = power_of_two(exponent - mantissa_bits)
     return torch.round(x / quantum) * quantum  # torch.round rounds half to even
 
 

@@ -119,3 +119,19 @@ def test_fake_tensors_trace_without_running_kernels():
             kv[:, l:], kv[:, :l], torch.empty(16, r, device=DEVICE), False,
             torch.zeros(t, dtype=torch.int64, device=DEVICE), cache, "fp8", torch.ones(1, device=DEVICE))
     assert result is None
+
+
+def test_cpu_tensors_in_a_gpu_process_are_refused_by_name(monkeypatch):
+    """Where the kernels run on the GPU (Triton backend ``gpu``), a CPU tensor gets a ValueError naming
+    the argument and the backend switch, before any launch (Triton's own error names no argument),
+    and nothing is written."""
+    from mla_fuse import kernels
+
+    monkeypatch.setattr(kernels, "BACKEND", "gpu")
+    kv = torch.randn(2, 24).to(torch.bfloat16)
+    cache = torch.full((2, 2, 24), 7, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"concat_and_cache_mla: argument 'kv_cache' is on the CPU.*"
+                                         r"MLA_FUSE_TRITON_BACKEND=interpreter"):
+        ops.concat_and_cache_mla(kv[:, :16], kv[:, 16:], cache, torch.tensor([0, 3]), "fp8",
+                                 torch.tensor([1.0]))
+    assert bool((cache == 7).all())

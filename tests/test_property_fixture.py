@@ -49,3 +49,15 @@ def test_each_test_gets_its_own_property_run_under_the_users_profile(tmp_path):
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert "2 passed" in done.stdout, done.stdout[-2000:]
+
+
+def test_a_falsifying_example_prints_the_fixture_in_one_line():
+    """hypothesis prints every argument of a falsifying example; the ``mla_fuse`` fixture's dataclass
+    fields hold the property's strategies (hundreds of explicit cases), which filled verify's log."""
+    from hypothesis.vendor.pretty import pretty
+
+    from mla_fuse_conformance.running.harness import Property, PropertyRun
+
+    prop = Property("test_mla:test_x", ("concat_and_cache_mla",), (object(),) * 300, lambda: None)
+    impl = type("Impl", (), {"name": "vllm-cpu-amx"})()
+    assert pretty(PropertyRun(prop, impl, "cpu", None)) == "PropertyRun('test_mla:test_x', impl='vllm-cpu-amx', device='cpu')"

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from mla_fuse_reference import fp8
+from mla_fuse_reference import fp8, rounding
 
 ML_DTYPES = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
 
@@ -87,3 +87,25 @@ def test_scale_divides_in_float32(fmt):
 def test_quantize_from_bfloat16_input():
     x = torch.randn(1000).to(torch.bfloat16)
     assert torch.equal(fp8.quantize(x, torch.tensor(2.0), "e4m3"), ml_dtypes_codes(x.float() / 2, "e4m3"))
+
+
+def test_powers_of_two_are_exact_without_pow(monkeypatch):
+    """The reference builds powers of two from their bits: ``torch.ldexp`` is ``x * pow(2, e)``, and
+    ``pow`` on a CUDA device is not exact (on an H200 the reference put fp8 codes one below the correct
+    rounding, and verify went red on a correct kernel). With ``ldexp`` and ``pow`` unavailable, the
+    encoder, the decoder and the grid rounding still agree with ml_dtypes."""
+    def unavailable(*args, **kwargs):
+        raise AssertionError("the reference must not depend on pow's accuracy")
+
+    for name in ("ldexp", "pow", "exp2"):
+        monkeypatch.setattr(torch, name, unavailable)
+    monkeypatch.setattr(torch.Tensor, "__pow__", unavailable)
+    values = every_float16()
+    for fmt in ("e4m3", "e5m2"):
+        codes = fp8.encode(values.double(), fmt)
+        assert torch.equal(codes, ml_dtypes_codes(values, fmt)), fmt
+        decoded = fp8.decode(codes, fmt)
+        finite = torch.isfinite(decoded)
+        assert torch.equal(fp8.encode(decoded[finite], fmt), codes[finite]), fmt
+    assert torch.equal(rounding.power_of_two(torch.arange(-1022, 1024)),
+                       torch.tensor([2.0 ** e for e in range(-1022, 1024)], dtype=torch.float64))

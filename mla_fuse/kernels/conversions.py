@@ -22,7 +22,8 @@ Helpers:
   an IEEE division (``div_rn``, never a multiplication by ``1/scale``), then
   E4M3 (bias 7, finite max 448) or E5M2 (bias 15, finite max 57344) RNE,
   magnitudes past the finite max (inf included) saturate to it (satfinite),
-  NaN -> ``0x7F | sign``.
+  NaN -> ``0x7F | sign of x`` (not of the quotient: a GPU's division returns
+  its canonical NaN, whose sign bit is clear; seen on an H200).
 """
 
 from __future__ import annotations
@@ -100,7 +101,8 @@ def quantize(x, scale, FP8_FORMAT: tl.constexpr):
     MAGIC_BITS: tl.constexpr = (151 - EXPONENT_BIAS - MANTISSA_BITS) << 23
 
     # ---- float32(x) / scale, IEEE division
-    quotient = tl.math.div_rn(widen_to_float32(x), scale)
+    wide = widen_to_float32(x)
+    quotient = tl.math.div_rn(wide, scale)
     bits = quotient.to(tl.uint32, bitcast=True)
     magnitude = bits & 0x7FFFFFFF
     # ---- normal: RNE drop of 23 - mantissa bits, rebias the exponent 127 -> bias;
@@ -114,6 +116,8 @@ def quantize(x, scale, FP8_FORMAT: tl.constexpr):
     small = tl.minimum(magnitude, MIN_NORMAL_BITS).to(tl.float32, bitcast=True)
     subnormal = tl.sub((small + MAGIC).to(tl.uint32, bitcast=True), MAGIC_BITS, sanitize_overflow=False)
     code = tl.where(magnitude < MIN_NORMAL_BITS, subnormal, code)
-    # ---- NaN -> 0x7F | sign
-    code = tl.where(magnitude > 0x7F800000, 0x7F, code)
-    return (code | ((bits >> 24) & 0x80)).to(tl.uint8)
+    # ---- NaN -> 0x7F | the sign of x (a GPU's division returns its canonical NaN, sign bit clear)
+    nan = magnitude > 0x7F800000
+    code = tl.where(nan, 0x7F, code)
+    sign = tl.where(nan, wide.to(tl.uint32, bitcast=True), bits) >> 24 & 0x80
+    return (code | sign).to(tl.uint8)

@@ -138,6 +138,14 @@ class PropertyRun:
     within_limits: bool = True
     skip_missing: bool = False  # under pytest a missing operation skips the test (else NotProvided)
 
+    def __repr__(self) -> str:
+        """Short: hypothesis prints it in every falsifying example, and the property's strategies
+        (hundreds of explicit cases) would fill a log; the case itself is printed beside it."""
+        return f"PropertyRun({self.prop.name!r}, impl={getattr(self.impl, 'name', self.impl)!r}, device={str(self.device)!r})"
+
+    def _repr_pretty_(self, printer, cycle) -> None:  # hypothesis' printer would list a dataclass's fields
+        printer.text(repr(self))
+
     def example(self, case, check: Callable, *arguments):
         """Run ``check(self, case, *arguments)`` as one example of the property."""
         prop, impl, recorder = self.prop, self.impl, self.recorder
