@@ -114,8 +114,9 @@ def script_text(cell: dict, record: dict, declaration: dict, source: str | None,
     fp8 = operation in CACHING_OPERATIONS and tensors.fp8_format(case.kv_cache_dtype) is not None
     crash = re.search(r"\((SIG[A-Z]+)\)", cell["kind"]) if cell["kind"].startswith("crashed") else None
     crash = crash and crash.group(1) + (": heap corruption" if crash.group(1) == "SIGABRT" else "")
-    text = "\n".join([formulas.HEADER.format(title=title, origin=pathlib.Path(record["file"]).name),
-                      *constants(operation, case, declaration, device), *lines, "", "",
+    text = "\n".join([formulas.HEADER.format(title=title, about=textwrap.fill(
+                          formulas.ABOUT.format(origin=pathlib.Path(record["file"]).name), 118)),
+                      *constants(operation, case, declaration, device), *lines, "",
                       *kernel_lines(operation, source, target), formulas.program(operation, fp8, crash or ""), ""])
     return text, large
 
@@ -123,13 +124,16 @@ def script_text(cell: dict, record: dict, declaration: dict, source: str | None,
 def constants(operation: str, case, declaration: dict, device: str) -> list[str]:
     """The device, and the declarations and sizes the formula of ``operation`` reads."""
     caching = operation in CACHING_OPERATIONS
-    lines = [f"DEVICE, TOKENS = {device!r}, {case.tokens}" if caching else f"DEVICE = {device!r}"]
+    values, notes = {"DEVICE": device, **({"TOKENS": case.tokens} if caching else {})}, []
     if operation in ROTATING_OPERATIONS:
-        per_op = declaration.get("rounding") == "per_op"
-        lines.append(f"PER_OP = {per_op!r}  # rounding=\"per_op\": CONTRACT §5's wider bound")
+        values["PER_OP"] = declaration.get("rounding") == "per_op"
+        notes.append("PER_OP: rounding=\"per_op\", CONTRACT §5's wider bound")
     if operation in FUSED_OPERATIONS:
-        padded_rows = declaration.get("padded_rows", "rotated")
-        lines.append(f"PADDED_ROWS = {padded_rows!r}  # rows rotated when their slot is padded")
+        values["PADDED_ROWS"] = declaration.get("padded_rows", "rotated")
+        notes.append("PADDED_ROWS: the rows rotated where the slot is padded (§4)")
+    line = f"{', '.join(values)} = {', '.join(map(repr, values.values()))}"
+    lines = [f"{line}  # {'; '.join(notes)}"] if notes else [line]
+    lines = lines if len(lines[0]) <= 120 else [f"# {'; '.join(notes)}", line]
     fmt = tensors.fp8_format(case.kv_cache_dtype) if caching else None
     if fmt is not None:
         lines.append(f"FP8, NAN_CODE = ({tensors.FLOAT8_STORAGE[fmt]}, {ref_fp8.FORMATS[fmt].max_finite!r}), "

@@ -12,22 +12,22 @@ from __future__ import annotations
 
 from mla_fuse_conformance.declarations.operations import CACHING_OPERATIONS, FUSED_OPERATIONS, ROTATING_OPERATIONS
 
-HEADER = '''#!/usr/bin/env python3
-"""{title}
-From {origin} (`mla-fuse verify`); needs only torch and the kernel's package. Exit 0: the arguments' buffers hold what
-the formula in float64 gives (CONTRACT §5) and the guard bytes around them are unchanged; 1: what differs is printed; a
-crash dies by its signal. `--reference` writes the formula's values instead of calling the kernel (exit 0)."""
-import math, pathlib, sys  # noqa: E401
-import torch
-'''
+HEADER = """#!/usr/bin/env python3
+\"\"\"{title}
+{about}\"\"\"
+import math, pathlib, sys, torch  # noqa: E401
+"""
 
-TENSORS_HEAD = ("TENSORS = {  # argument: its buffer (dtype, data pointer mod 64, raw bits or \"pt\": in the .pt file "
-                "beside\n    # this script) or the earlier argument whose buffer it shares; sizes, strides, storage offset")
+ABOUT = ("From {origin} (`mla-fuse verify`); needs only torch and the kernel's package. Exit 0: the buffers hold what "
+         "the float64 formula gives (CONTRACT §5), the guard bytes around them unchanged; 1: the differences are "
+         "printed; a crash dies by its signal. `--reference` judges the formula's own values (exit 0).")
+
+TENSORS_HEAD = ("TENSORS = {  # argument: its buffer (dtype, address % 64, bits or \"pt\": in .pt) or the argument "
+                "sharing it; sizes, strides, offset")
 
 DATA = 'DATA = torch.load(pathlib.Path(__file__).with_suffix(".pt"))  # the buffers marked "pt", as integers'
 
-MEMORY = '''
-
+MEMORY = """
 # Each buffer at its alignment mod 64 between guards of 0xA5 bytes as large as it plus the largest argument laid out
 # contiguously (where a kernel that ignores strides writes); the arguments as the same views; `want`: bits expected.
 INTS, owner, memory, args = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}, {}, {}, dict(ARGS)
@@ -44,16 +44,15 @@ for arg, (buffer, size, stride, offset) in TENSORS.items():
     args[arg] = torch.as_strided(flat, size, stride, flat.storage_offset() + offset)
 before, want = ({name: flat.cpu().clone() for name, (_, _, flat) in memory.items()} for _ in range(2))
 at = lambda image, arg: torch.as_strided(image[owner[arg]], *TENSORS[arg][1:])  # noqa: E731 - arg's view of an image
-'''
+"""
 
-BOUNDS = '''exact, bound = ({name: torch.full(w.shape, fill, dtype=torch.float64) for name, w in want.items()} for fill in (0, -1))
-'''
+BOUNDS = """exact, bound = ({name: torch.full(w.shape, fill, dtype=torch.float64) for name, w in want.items()} for fill in (0, -1))
+"""
 
-FP8_IMAGE = '''fp8 = {name: torch.zeros(w.shape, dtype=torch.bool) for name, w in want.items()}  # where the formula gives fp8 codes
-'''
+FP8_IMAGE = """fp8 = {name: torch.zeros(w.shape, dtype=torch.bool) for name, w in want.items()}  # where want holds fp8 codes
+"""
 
-ROTATE = '''
-
+ROTATE = """
 def rotate(arg, rows, size):  # CONTRACT §1: pairs (a, b) of a head's first R -> (a*c - b*s, b*c + a*s)
     heads = lambda t: t.view(len(t), -1, size)  # noqa: E731 - [T, heads, size]
     x, table, f = heads(at(before, arg)).double(), at(before, "cos_sin_cache").double(), torch.finfo(args[arg].dtype)
@@ -68,120 +67,111 @@ def rotate(arg, rows, size):  # CONTRACT §1: pairs (a, b) of a head's first R -
     tol = (ulp + (2.0 ** -22 + f.eps * PER_OP) * terms).nan_to_num(0.0)  # a NaN value: NaN
     for image, values in ((want, value.to(args[arg].dtype)), (exact, value), (bound, tol)):
         heads(at(image, arg))[rows, ..., :R] = values[rows]
-    return value, tol
+"""
 
-'''
+SLOTS = """
+slots = at(before, "slot_mapping").long()  # CONTRACT §2: slot < 0 and rows past slot_mapping write nothing
+written = torch.nn.functional.pad(slots >= 0, (0, TOKENS - len(slots)))
+"""
 
-SLOTS = '''
-slots = at(before, "slot_mapping").long()
-written = torch.zeros(TOKENS, dtype=torch.bool)
-written[:slots.numel()] = slots >= 0  # CONTRACT §2: slot < 0 and rows past slot_mapping write nothing
-'''
+STORE = """
+def store(cache, source, {scale}columns=slice(None)):  # §2: row t of source -> cache[s // B, s % B], s = slot_mapping[t]
+    s = slots[slots >= 0]
+    index = (s // args[cache].size(1), s % args[cache].size(1), ..., columns)
+{body}"""
 
-# store(): the row's source bits, with the rotated value's bound (fused), or its fp8 code (CONTRACT §3)
-STORE = '''
+STORE_BITS = """    at(want, cache)[index] = at(want, source)[written]  # the source bits
+"""
 
-def store(cache, values, scale, dtype, columns=slice(None){tol}):  # CONTRACT §2: row t -> cache[s // B, s % B]
-    s = slots[slots >= 0]  # s = slot_mapping[t]
-    index, x = (s // args[cache].size(1), s % args[cache].size(1), ..., columns), values[written].to(dtype)
-{body}'''
+STORE_BOUND = """    for image in (want, exact, bound):  # the source bits; a rotated value within its bound
+        at(image, cache)[index] = at(image, source)[written]
+"""
 
-STORE_BITS = '''    at(want, cache)[index] = x  # the source bits
-'''
-
-STORE_BOUND = '''    at(want, cache)[index] = x  # the source bits; a rotated value within its bound
-    if tol is not None:
-        at(exact, cache)[index], at(bound, cache)[index] = values[written], tol[written]
-'''
-
-STORE_FP8 = '''    codes = (x.float() / scale).clamp(-FP8[1], FP8[1]).to(FP8[0])  # §3: rne_satfinite(float32(x) / scale)
-    at(want, cache).view(torch.uint8)[index], at(fp8, cache)[index] = codes.view(torch.uint8), True
-'''
+STORE_FP8 = """    x = at(want, source)[written].float()  # §3: code = rne_satfinite(float32(x) / scale)
+    codes = (x / scale).clamp(-FP8[1], FP8[1]).to(FP8[0]).view(torch.uint8)
+    at(want, cache).view(torch.uint8)[index], at(fp8, cache)[index] = codes, True
+"""
 
 # the rows rotated: q and k of every row, or as the implementation declares padded rows (CONTRACT §4)
-ROWS = '''q_rows = written if PADDED_ROWS == "skipped" else torch.ones(TOKENS, dtype=torch.bool)
-k_rows = torch.ones(TOKENS, dtype=torch.bool) if PADDED_ROWS == "rotated" else written
-'''
+Q_ROWS, K_ROWS = ('written if PADDED_ROWS == "skipped" else slice(None)',
+                  'slice(None) if PADDED_ROWS == "rotated" else written')
 
+# per operation its formula; {scale}, {k_scale}, {v_scale}: the scale argument a store reads (fp8 caches only)
 FORMULAS = {
-    "rotary_embedding": '''
+    "rotary_embedding": """
 for arg in ("query", "key") if args["key"] is not None else ("query",):
     rotate(arg, slice(None), args["head_size"])
-''',
-    "concat_and_cache_mla": '''
-store("kv_cache", torch.cat([at(before, "kv_c"), at(before, "k_pe")], -1), at(before, "scale"), args["kv_c"].dtype)
-''',
-    "concat_and_cache_mla_rope_fused": '''
-''' + ROWS + '''R, L, scale = args["k_pe"].size(1), args["kv_c"].size(1), at(before, "kv_cache_scale")
-rotate("q_pe", q_rows, R)
-k, tol = rotate("k_pe", k_rows, R)
-store("kv_cache", at(before, "kv_c"), scale, args["kv_c"].dtype, slice(0, L))
-store("kv_cache", k[:, 0], scale, args["k_pe"].dtype, slice(L, None), tol[:, 0])
-''',
-    "reshape_and_cache_flash": '''
-store("key_cache", at(before, "key"), at(before, "k_scale").reshape(1, -1, 1), args["key"].dtype)
-store("value_cache", at(before, "value"), at(before, "v_scale").reshape(1, -1, 1), args["value"].dtype)
-''',
-    "rope_and_reshape_and_cache_flash": '''
-''' + ROWS + '''R, k_scale = args["cos_sin_cache"].size(1), at(before, "k_scale").reshape(1, -1, 1)
-rotate("query", q_rows, args["query"].size(-1))
-k, tol = rotate("key", k_rows, args["key"].size(-1))
-store("key_cache", k, k_scale, args["key"].dtype, slice(0, R), tol)
-store("key_cache", at(before, "key")[..., R:], k_scale, args["key"].dtype, slice(R, None))
-store("value_cache", at(before, "value"), at(before, "v_scale").reshape(1, -1, 1), args["value"].dtype)
-''',
+""",
+    "concat_and_cache_mla": """
+store("kv_cache", "kv_c", {scale}slice(0, args["kv_c"].size(1)))
+store("kv_cache", "k_pe", {scale}slice(args["kv_c"].size(1), None))
+""",
+    "concat_and_cache_mla_rope_fused": """
+rotate("q_pe", """ + Q_ROWS + """, args["q_pe"].size(-1))  # the padded rows as declared (§4)
+rotate("k_pe", """ + K_ROWS + """, args["k_pe"].size(-1))
+store("kv_cache", "kv_c", {scale}slice(0, args["kv_c"].size(1)))
+store("kv_cache", "k_pe", {scale}slice(args["kv_c"].size(1), None))
+""",
+    "reshape_and_cache_flash": """
+store("key_cache", "key"{k_scale})
+store("value_cache", "value"{v_scale})
+""",
+    "rope_and_reshape_and_cache_flash": """
+rotate("query", """ + Q_ROWS + """, args["query"].size(-1))  # the padded rows as declared (§4)
+rotate("key", """ + K_ROWS + """, args["key"].size(-1))
+store("key_cache", "key"{k_scale})
+store("value_cache", "value"{v_scale})
+""",
 }
+SCALES = {"scale": 'at(before, "{}"), ', "k_scale": ', at(before, "k_scale").reshape(1, -1, 1)',
+          "v_scale": ', at(before, "v_scale").reshape(1, -1, 1)'}
 
-JUDGE_START = '''
-if "--reference" in sys.argv:  # the formula's values instead of the kernel's
-    for name, (_, _, flat) in memory.items():
-        flat.copy_(want[name])
-else:
+JUDGE_START = """
+if "--reference" not in sys.argv:  # --reference: the formula's values stand in for the kernel's
     kernel(**args)
 failed = wrote = 0
 for name, (base, start, flat) in memory.items():  # every bit as `want`, but (§5):
-    got, ints, e = flat.cpu(), INTS[flat.element_size()], {e}
+    got, ints = want[name] if "--reference" in sys.argv else flat.cpu(), INTS[flat.element_size()]
     ok = got.view(ints) == want[name].view(ints)
-'''
+"""
 
-JUDGE_BOUND = '''    rotated = bound[name] >= 0  # a rotated value: within its bound, NaN where exact is NaN
-    ok[rotated] = ((got.double() - e).abs() <= bound[name])[rotated] | (got.isnan() & e.isnan())[rotated]
-'''
+JUDGE_BOUND = """    e, tol = exact[name], bound[name]  # a rotated value (tol >= 0): within its bound, NaN where exact is NaN
+    ok = torch.where(tol >= 0, ((got.double() - e).abs() <= tol) | (got.isnan() & e.isnan()), ok)
+"""
 
-JUDGE_FP8 = '''    if fp8[name].any():  # an fp8 code: as ordered integers at most one step from the formula's, NaN alike
-        pair = [code.view(torch.uint8).long() for code in (got, want[name])]
-        order, nan = [torch.where(c > 127, 128 - c, c) for c in pair], [c & 127 >= NAN_CODE for c in pair]
-        ok[fp8[name]] = (((order[0] - order[1]).abs() <= 1) & (nan[0] == nan[1]))[fp8[name]]
-'''
+JUDGE_FP8 = """    if fp8[name].any():  # an fp8 code: as an ordered integer at most one step from the formula's, NaN alike
+        g, w = (torch.where(c > 127, 128 - c, c) for c in (got.view(torch.uint8).long(), want[name].view(torch.uint8).long()))
+        ok[fp8[name]] = (((g - w).abs() <= 1) & ((g.abs() >= NAN_CODE) == (w.abs() >= NAN_CODE)))[fp8[name]]
+"""
 
-# the first five elements that differ, each named as an argument's element (the storage index where none holds it)
-JUDGE_END = '''    views, ids = [arg for arg in owner if owner[arg] == name], {{name: torch.arange(got.numel())}}
+# the first five elements that differ, each named as an argument's element (else by storage index), then the guards
+JUDGE_END = """    views, ids = [arg for arg in owner if owner[arg] == name], {{name: torch.arange(got.numel())}}
     for i in (~ok).nonzero().reshape(-1)[:5].tolist():
         where = [f"{{a}}{{(at(ids, a) == i).nonzero()[0].tolist()}}" for a in views if (at(ids, a) == i).any()]
-        print(f"{{(where or [f'{{name}} storage element {{i}}'])[0]}}: got {{got[i].item()!r}}, expected "
-              f"{{want[name][i].item()!r}}"{bound_text})
-    outside = {{"before the start": (base[:start] != 0xA5).sum().item(),
-               "past the end": (base[start + flat.nbytes:] != 0xA5).sum().item()}}
-    for where, count in ((where, count) for where, count in outside.items() if count):
-        print(f"wrote {{count}} bytes {{where}} of {{'/'.join(views)}}'s storage{crash}")
-    failed, wrote = failed + (~ok).sum().item(), wrote + sum(outside.values())
-print(f"{{failed}} elements differ from the formula, {{wrote}} bytes written outside the arguments' buffers"
-      if failed or wrote else "conforms to the formula")
+        print(f"{{(where or [f'{{name}} storage element {{i}}'])[0]}}: got {{got[i].item()!r}}, expected {{want[name][i].item()!r}}"{bound_text})
+    for where, guard in (("before the start", base[:start]), ("past the end", base[start + flat.nbytes:])):
+        if (count := (guard != 0xA5).sum().item()):
+            print(f"wrote {{count}} bytes {{where}} of {{'/'.join(views)}}'s storage{crash}")
+        wrote += count
+    failed += (~ok).sum().item()
+print(f"{{failed}} elements differ from the formula" if failed else "every element conforms to the formula")
 sys.exit(1 if failed or wrote else 0)
-'''
+"""
 
-BOUND_TEXT = ''' + (f" (exact {e[i].item()!r}, bound {bound[name][i].item():.3g})" if rotated[i] else "")'''
+BOUND_TEXT = '\n              + (f" (exact {e[i].item()!r}, bound {tol[i].item():.3g})" if tol[i] >= 0 else "")'
 
 
 def program(operation: str, fp8: bool, crash: str) -> str:
     """Everything after the kernel call: the inputs rebuilt, ``operation``'s formula, the judgement (with
     the fp8 code rule where the cache holds fp8 codes); ``crash``: what the suite's run died of, or ''."""
     rotating, caching = operation in ROTATING_OPERATIONS, operation in CACHING_OPERATIONS
-    store = STORE_FP8 if fp8 else STORE_BOUND if operation in FUSED_OPERATIONS else STORE_BITS
-    tol = ", tol=None" if operation in FUSED_OPERATIONS else ""
+    body = STORE_FP8 if fp8 else STORE_BOUND if rotating else STORE_BITS
+    scale = "kv_cache_scale" if operation in FUSED_OPERATIONS else "scale"
+    scales = {key: text.format(scale) if fp8 else "" for key, text in SCALES.items()}
     crash_text = f" (the suite's run died by {crash})" if crash else ""
     return "".join([MEMORY, BOUNDS if rotating else "", FP8_IMAGE if fp8 else "", ROTATE if rotating else "",
-                    SLOTS if caching else "", STORE.format(tol=tol, body=store) if caching else "",
-                    FORMULAS[operation], JUDGE_START.format(e="exact[name]" if rotating else "None"), JUDGE_BOUND if rotating else "",
+                    SLOTS if caching else "", STORE.format(scale="scale, " if fp8 else "", body=body) if caching else "",
+                    FORMULAS[operation].format(**scales),
+                    JUDGE_START, JUDGE_BOUND if rotating else "",
                     JUDGE_FP8 if fp8 else "",
                     JUDGE_END.format(bound_text=BOUND_TEXT if rotating else "", crash=crash_text)]).rstrip()
