@@ -235,7 +235,7 @@ def load_adapter(report: dict):
 def write_reproducers(report_dir: pathlib.Path, report: dict, python: str = sys.executable) -> dict:
     """Per failing cell with a case of the five operations: its reproducer (module docstring), run by
     ``python``; ``run.phases["reproducers"]`` its seconds; ``report.json`` rewritten. Returns ``report``."""
-    started, report_dir = time.monotonic(), pathlib.Path(report_dir)
+    started, report_dir = time.monotonic(), pathlib.Path(report_dir).absolute()  # scripts run from elsewhere
     cells = [cell for cell in report.get("cells", []) if (cell.get("replay") or {}).get("file")]
     impl = load_adapter(report) if cells else None
     directory = report_dir / DIRECTORY
