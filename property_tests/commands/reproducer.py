@@ -2,17 +2,18 @@
 kernel's own package (docs/REPORT.md, ``cells[].reproducer``).
 
 ``write_reproducers(report_dir, report)`` reads each cell's failure file (``replay.file``), rebuilds
-the case's tensors (``cases/tensors.py``) and writes ``reproducers/<cell>.py``: the inputs of the one
-operation the cell's property checks, as raw bits (literals, or ``<cell>.pt`` beside it when a
-buffer holds more than ``LITERAL_ELEMENTS``), each argument rebuilt as the same view (storage
-offset, sizes, strides, and the storage's start alignment mod 64), the kernel call, and the
-operation's formula written out in float64 (``reproducer_formulas.py``). The kernel call is the
-adapter's ``call_source[operation]`` (the import lines and the call, in CONTRACT §4's argument
-names); an adapter without one is imported from its module path and its method called. Each script
-then runs in a child (``python -I``: nothing of the current directory), once as is and once with
-``--reference`` (the formula's values instead of the kernel call, which must conform), and the cell
-gets ``reproducer``: the script, its data, whether it reproduced (the same signal for a crash) and
-whether it passes with the reference. ``report.json`` is rewritten.
+the case's tensors (``cases/tensors.py``) and writes ``reproducers/<cell>.py``: one ``TENSORS`` table
+of the inputs of the one operation the cell's property checks, as raw bits (literals, or
+``<cell>.pt`` beside it when a buffer holds more than ``LITERAL_ELEMENTS``), each argument rebuilt
+as the same view (storage offset, sizes, strides, and the buffer's start alignment mod 64) of a
+buffer lying between guard bytes, the kernel call, and the operation's formula written out in
+float64 (``reproducer_formulas.py``). The kernel call is the adapter's ``call_source[operation]``
+(the import lines and the call, in CONTRACT §4's argument names); an adapter without one is imported
+from its module path and its method called. Each script then runs in a child (``python -I``:
+nothing of the current directory), once as is and once with ``--reference`` (the formula's values
+judged instead of the kernel's, which must conform), and the cell gets ``reproducer``: the script,
+its data, whether it reproduced (the same signal for a crash, or the write outside a buffer that
+causes it) and whether it passes with the reference. ``report.json`` is rewritten.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ torch and what the kernel call imports, so it runs where the kernel's maintainer
 
 from __future__ import annotations
 
-from mla_fuse_conformance.declarations.operations import CACHING_OPERATIONS, FUSED_OPERATIONS, ROTATING_OPERATIONS
+from mla_fuse_conformance.declarations.operations import (CACHING_OPERATIONS, FUSED_OPERATIONS, OPERATION_ARGUMENTS,
+                                                          ROTATING_OPERATIONS)
 
 HEADER = """#!/usr/bin/env python3
 \"\"\"{title}
@@ -18,9 +19,9 @@ HEADER = """#!/usr/bin/env python3
 import math, pathlib, sys, torch  # noqa: E401
 """
 
-ABOUT = ("From {origin} (`mla-fuse verify`); needs only torch and the kernel's package. Exit 0: the buffers hold what "
-         "the float64 formula gives (CONTRACT §5), the guard bytes around them unchanged; 1: the differences are "
-         "printed; a crash dies by its signal. `--reference` judges the formula's own values (exit 0).")
+ABOUT = ("From {origin} (`mla-fuse verify`); needs only torch and the kernel's package. Exit 0: the buffers hold "
+         "the float64 formula's values (CONTRACT §5), their guard bytes intact; 1: what differs is printed; a crash dies "
+         "by its signal. `--reference` judges the formula's own values.")
 
 TENSORS_HEAD = ("TENSORS = {  # argument: its buffer (dtype, address % 64, bits or \"pt\": in .pt) or the argument "
                 "sharing it; sizes, strides, offset")
@@ -75,9 +76,9 @@ written = torch.nn.functional.pad(slots >= 0, (0, TOKENS - len(slots)))
 """
 
 STORE = """
-def store(cache, source, {scale}columns=slice(None)):  # §2: row t of source -> cache[s // B, s % B], s = slot_mapping[t]
+def store(cache, source{scale}{columns}):  # §2: row t of source -> cache[s // B, s % B], s = slot_mapping[t]
     s = slots[slots >= 0]
-    index = (s // args[cache].size(1), s % args[cache].size(1), ..., columns)
+    index = (s // args[cache].size(1), s % args[cache].size(1), ...{columns})
 {body}"""
 
 STORE_BITS = """    at(want, cache)[index] = at(want, source)[written]  # the source bits
@@ -103,14 +104,14 @@ for arg in ("query", "key") if args["key"] is not None else ("query",):
     rotate(arg, slice(None), args["head_size"])
 """,
     "concat_and_cache_mla": """
-store("kv_cache", "kv_c", {scale}slice(0, args["kv_c"].size(1)))
-store("kv_cache", "k_pe", {scale}slice(args["kv_c"].size(1), None))
+store("kv_cache", "kv_c"{scale}, slice(0, args["kv_c"].size(1)))
+store("kv_cache", "k_pe"{scale}, slice(args["kv_c"].size(1), None))
 """,
     "concat_and_cache_mla_rope_fused": """
 rotate("q_pe", """ + Q_ROWS + """, args["q_pe"].size(-1))  # the padded rows as declared (§4)
 rotate("k_pe", """ + K_ROWS + """, args["k_pe"].size(-1))
-store("kv_cache", "kv_c", {scale}slice(0, args["kv_c"].size(1)))
-store("kv_cache", "k_pe", {scale}slice(args["kv_c"].size(1), None))
+store("kv_cache", "kv_c"{scale}, slice(0, args["kv_c"].size(1)))
+store("kv_cache", "k_pe"{scale}, slice(args["kv_c"].size(1), None))
 """,
     "reshape_and_cache_flash": """
 store("key_cache", "key"{k_scale})
@@ -123,14 +124,14 @@ store("key_cache", "key"{k_scale})
 store("value_cache", "value"{v_scale})
 """,
 }
-SCALES = {"scale": 'at(before, "{}"), ', "k_scale": ', at(before, "k_scale").reshape(1, -1, 1)',
+SCALES = {"scale": ', at(before, "{}")', "k_scale": ', at(before, "k_scale").reshape(1, -1, 1)',
           "v_scale": ', at(before, "v_scale").reshape(1, -1, 1)'}
 
 JUDGE_START = """
 if "--reference" not in sys.argv:  # --reference: the formula's values stand in for the kernel's
     kernel(**args)
 failed = wrote = 0
-for name, (base, start, flat) in memory.items():  # every bit as `want`, but (§5):
+for name, (base, start, flat) in memory.items():  # every bit as `want`{but}
     got, ints = want[name] if "--reference" in sys.argv else flat.cpu(), INTS[flat.element_size()]
     ok = got.view(ints) == want[name].view(ints)
 """
@@ -168,10 +169,12 @@ def program(operation: str, fp8: bool, crash: str) -> str:
     body = STORE_FP8 if fp8 else STORE_BOUND if rotating else STORE_BITS
     scale = "kv_cache_scale" if operation in FUSED_OPERATIONS else "scale"
     scales = {key: text.format(scale) if fp8 else "" for key, text in SCALES.items()}
+    mla = "kv_cache" in OPERATION_ARGUMENTS[operation]  # an MLA entry: kv_c's columns, then k_pe's
+    store = STORE.format(scale=", scale" if fp8 else "", columns=", columns" if mla else "", body=body)
     crash_text = f" (the suite's run died by {crash})" if crash else ""
     return "".join([MEMORY, BOUNDS if rotating else "", FP8_IMAGE if fp8 else "", ROTATE if rotating else "",
-                    SLOTS if caching else "", STORE.format(scale="scale, " if fp8 else "", body=body) if caching else "",
+                    SLOTS if caching else "", store if caching else "",
                     FORMULAS[operation].format(**scales),
-                    JUDGE_START, JUDGE_BOUND if rotating else "",
+                    JUDGE_START.format(but=", but (§5):" if rotating or fp8 else ""), JUDGE_BOUND if rotating else "",
                     JUDGE_FP8 if fp8 else "",
                     JUDGE_END.format(bound_text=BOUND_TEXT if rotating else "", crash=crash_text)]).rstrip()
