@@ -1,9 +1,8 @@
 #!/usr/bin/env python3
 """concat_and_cache_mla: raised RuntimeError on kv_c contiguous: no; k_pe contiguous: no; slot_mapping contiguous: no; a padded entry (slot < 0): yes (test_interactions:test_mla_cache_write_interactions)
 From test_mla_cache_write_interactions-vllm-cpu-amx-7070fce4b1.json (`mla-fuse verify`); needs only torch and the
-kernel's package. Exit 0: the buffers hold what the float64 formula gives (CONTRACT §5), the guard bytes around them
-unchanged; 1: the differences are printed; a crash dies by its signal. `--reference` judges the formula's own values
-(exit 0)."""
+kernel's package. Exit 0: the buffers hold the float64 formula's values (CONTRACT §5), their guard bytes intact; 1:
+what differs is printed; a crash dies by its signal. `--reference` judges the formula's own values."""
 import math, pathlib, sys, torch  # noqa: E401
 
 DEVICE, TOKENS = 'cpu', 513
@@ -42,7 +41,7 @@ at = lambda image, arg: torch.as_strided(image[owner[arg]], *TENSORS[arg][1:])  
 slots = at(before, "slot_mapping").long()  # CONTRACT §2: slot < 0 and rows past slot_mapping write nothing
 written = torch.nn.functional.pad(slots >= 0, (0, TOKENS - len(slots)))
 
-def store(cache, source, columns=slice(None)):  # §2: row t of source -> cache[s // B, s % B], s = slot_mapping[t]
+def store(cache, source, columns):  # §2: row t of source -> cache[s // B, s % B], s = slot_mapping[t]
     s = slots[slots >= 0]
     index = (s // args[cache].size(1), s % args[cache].size(1), ..., columns)
     at(want, cache)[index] = at(want, source)[written]  # the source bits
@@ -53,7 +52,7 @@ store("kv_cache", "k_pe", slice(args["kv_c"].size(1), None))
 if "--reference" not in sys.argv:  # --reference: the formula's values stand in for the kernel's
     kernel(**args)
 failed = wrote = 0
-for name, (base, start, flat) in memory.items():  # every bit as `want`, but (§5):
+for name, (base, start, flat) in memory.items():  # every bit as `want`
     got, ints = want[name] if "--reference" in sys.argv else flat.cpu(), INTS[flat.element_size()]
     ok = got.view(ints) == want[name].view(ints)
     views, ids = [arg for arg in owner if owner[arg] == name], {name: torch.arange(got.numel())}

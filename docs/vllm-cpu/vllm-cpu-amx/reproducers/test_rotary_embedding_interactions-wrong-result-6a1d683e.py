@@ -1,9 +1,8 @@
 #!/usr/bin/env python3
 """rotary_embedding: wrong result on table.max_position not 1; positions.pattern not zeros; rank 3; key_place.pad[1] 3; tokens > 0: yes (test_interactions:test_rotary_embedding_interactions)
 From test_rotary_embedding_interactions-vllm-cpu-amx-c99bc06898.json (`mla-fuse verify`); needs only torch and the
-kernel's package. Exit 0: the buffers hold what the float64 formula gives (CONTRACT §5), the guard bytes around them
-unchanged; 1: the differences are printed; a crash dies by its signal. `--reference` judges the formula's own values
-(exit 0)."""
+kernel's package. Exit 0: the buffers hold the float64 formula's values (CONTRACT §5), their guard bytes intact; 1:
+what differs is printed; a crash dies by its signal. `--reference` judges the formula's own values."""
 import math, pathlib, sys, torch  # noqa: E401
 
 DEVICE, PER_OP = 'cpu', False  # PER_OP: rounding="per_op", CONTRACT §5's wider bound

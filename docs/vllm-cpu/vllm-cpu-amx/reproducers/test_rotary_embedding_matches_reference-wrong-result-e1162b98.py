@@ -1,9 +1,8 @@
 #!/usr/bin/env python3
 """rotary_embedding: wrong result on query contiguous: no; tokens not 0 or 1 or 2 or 3; heads 1 or 3; head_size not 48; query_place.offset[1] 0; rank 3 (test_rotary_embedding:test_rotary_embedding_matches_reference)
 From test_rotary_embedding_matches_reference-vllm-cpu-amx-eac4cecb94.json (`mla-fuse verify`); needs only torch and
-the kernel's package. Exit 0: the buffers hold what the float64 formula gives (CONTRACT §5), the guard bytes around
-them unchanged; 1: the differences are printed; a crash dies by its signal. `--reference` judges the formula's own
-values (exit 0)."""
+the kernel's package. Exit 0: the buffers hold the float64 formula's values (CONTRACT §5), their guard bytes intact;
+1: what differs is printed; a crash dies by its signal. `--reference` judges the formula's own values."""
 import math, pathlib, sys, torch  # noqa: E401
 
 DEVICE, PER_OP = 'cpu', False  # PER_OP: rounding="per_op", CONTRACT §5's wider bound

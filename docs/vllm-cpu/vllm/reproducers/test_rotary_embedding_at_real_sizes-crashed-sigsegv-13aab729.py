@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """rotary_embedding: crashed (SIGSEGV) on dtype bfloat16; is_neox yes; every half of >= 16 bytes 16-byte aligned: no; tokens > 0: yes (test_real_sizes:test_rotary_embedding_at_real_sizes)
 From test_rotary_embedding_at_real_sizes-vllm-1a581f488a.json (`mla-fuse verify`); needs only torch and the kernel's
-package. Exit 0: the buffers hold what the float64 formula gives (CONTRACT §5), the guard bytes around them unchanged;
-1: the differences are printed; a crash dies by its signal. `--reference` judges the formula's own values (exit 0)."""
+package. Exit 0: the buffers hold the float64 formula's values (CONTRACT §5), their guard bytes intact; 1: what
+differs is printed; a crash dies by its signal. `--reference` judges the formula's own values."""
 import math, pathlib, sys, torch  # noqa: E401
 
 DEVICE, PER_OP = 'cpu', False  # PER_OP: rounding="per_op", CONTRACT §5's wider bound
