@@ -3,7 +3,7 @@
 A script is ``HEADER``, the constants and inputs, the kernel call, ``MEMORY`` (each buffer rebuilt
 between guard bytes, the arguments as the same views, the expected memory image), the helpers of
 the one operation it calls (``rotate`` for rotating operations, ``store`` for cache writes, each
-with only the pieces the case needs), that operation's formula (``FORMULAS``) and ``JUDGE`` (every
+with only the pieces the case needs), that operation's formula (``FORMULAS``) and ``JUDGE_*`` (every
 byte compared, the guards checked, the first differences named, the exit status). It imports only
 torch and what the kernel call imports, so it runs where the kernel's maintainers work.
 """
