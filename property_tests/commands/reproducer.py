@@ -2,17 +2,18 @@
 kernel's own package (docs/REPORT.md, ``cells[].reproducer``).
 
 ``write_reproducers(report_dir, report)`` reads each cell's failure file (``replay.file``), rebuilds
-the case's tensors (``cases/tensors.py``) and writes ``reproducers/<cell>.py``: the inputs of the one
-operation the cell's property checks, as raw bits (literals, or ``<cell>.pt`` beside it when a
-buffer holds more than ``LITERAL_ELEMENTS``), each argument rebuilt as the same view (storage
-offset, sizes, strides, and the storage's start alignment mod 64), the kernel call, and the
-operation's formula written out in float64 (``reproducer_formulas.py``). The kernel call is the
-adapter's ``call_source[operation]`` (the import lines and the call, in CONTRACT §4's argument
-names); an adapter without one is imported from its module path and its method called. Each script
-then runs in a child (``python -I``: nothing of the current directory), once as is and once with
-``--reference`` (the formula's values instead of the kernel call, which must conform), and the cell
-gets ``reproducer``: the script, its data, whether it reproduced (the same signal for a crash) and
-whether it passes with the reference. ``report.json`` is rewritten.
+the case's tensors (``cases/tensors.py``) and writes ``reproducers/<cell>.py``: one ``TENSORS`` table
+of the inputs of the one operation the cell's property checks, as raw bits (literals, or
+``<cell>.pt`` beside it when a buffer holds more than ``LITERAL_ELEMENTS``), each argument rebuilt
+as the same view (storage offset, sizes, strides, and the buffer's start alignment mod 64) of a
+buffer lying between guard bytes, the kernel call, and the operation's formula written out in
+float64 (``reproducer_formulas.py``). The kernel call is the adapter's ``call_source[operation]``
+(the import lines and the call, in CONTRACT §4's argument names); an adapter without one is imported
+from its module path and its method called. Each script then runs in a child (``python -I``:
+nothing of the current directory), once as is and once with ``--reference`` (the formula's values
+judged instead of the kernel's, which must conform), and the cell gets ``reproducer``: the script,
+its data, whether it reproduced (the same signal for a crash, or the write outside a buffer that
+causes it) and whether it passes with the reference. ``report.json`` is rewritten.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ from mla_fuse_conformance.running.checks import BUFFER_OF_ARGUMENT
 LITERAL_ELEMENTS = 64  # a buffer with more elements goes to the .pt file
 TIMEOUT_SECONDS = 60
 DIRECTORY = "reproducers"
+# what a script prints when the kernel wrote into a guard: the heap corruption or invalid access behind a crash
+OUTSIDE = re.compile(r"^wrote \d+ bytes (before the start|past the end) of \S+'s storage", re.MULTILINE)
 CASE_TYPES = ("RopeCase", "MlaCase", "FlashCase")  # the cases of the five operations (not compile-pass cases)
 
 
@@ -55,49 +58,51 @@ def operation_of(record: dict) -> str:
     return next((op for op in operations if op in FUSED_OPERATIONS), operations[0])
 
 
-def inputs(built, operation: str) -> tuple[dict, dict, dict]:
-    """``(buffers, views, values)`` of ``operation``'s arguments: per buffer its flat tensor, per
-    tensor argument ``(buffer, sizes, strides, storage offset)``, the other arguments as values."""
-    buffers, views, values = {}, {}, {}
+def tensors_table(built, operation: str) -> tuple[dict, dict]:
+    """``(rows, values)``: per tensor argument of ``operation`` (CONTRACT §4's names) its buffer (the flat
+    tensor, or the earlier argument whose buffer it shares), sizes, strides and storage offset; the
+    other arguments as values."""
+    rows, values, first = {}, {}, {}
     for name in OPERATION_ARGUMENTS[operation]:
         arg = BUFFER_OF_ARGUMENT.get(name, name)
-        value = built.args[arg]
-        if not hasattr(value, "data_ptr"):
-            values[arg] = value
+        if not hasattr(built.args[arg], "data_ptr"):
+            values[name] = built.args[arg]
             continue
         buffer = built.buffer_of(arg)
         geometry = buffer.views[arg]
-        buffers[buffer.name] = buffer.flat
-        views[arg] = (buffer.name, geometry.size, geometry.stride, geometry.offset)
-    return buffers, views, values
+        owner = first.setdefault(buffer.name, name)
+        rows[name] = (buffer.flat if owner == name else owner, geometry.size, geometry.stride, geometry.offset)
+    return rows, values
 
 
-def data_lines(buffers: dict, views: dict, values: dict) -> tuple[list[str], dict]:
-    """The script's ``BUFFERS``, ``VIEWS`` and ``ARGS``, and the buffers too large for a literal."""
+def data_lines(rows: dict, values: dict) -> tuple[list[str], dict]:
+    """The script's ``TENSORS`` and ``ARGS``, and the buffers too large for a literal (as integers)."""
     from mla_fuse_conformance.cases.memory import bits
 
-    large = {name: flat.cpu() for name, flat in buffers.items() if flat.numel() > LITERAL_ELEMENTS}
-    lines = ["BUFFERS = {  # dtype, data pointer mod 64 (bytes), raw bits (\"pt\": in the .pt file beside this script)"]
-    for name, flat in buffers.items():
-        raw = '"pt"' if name in large else repr(bits(flat.cpu()).tolist())
-        lines.append(f"    {name!r}: ({flat.dtype}, {flat.data_ptr() % 64}, {raw}),")
-    lines += ["}", "VIEWS = {  # argument: buffer, sizes, strides, storage offset in the buffer"]
-    lines += [f"    {arg!r}: {view!r}," for arg, view in views.items()]
-    lines += ["}", f"ARGS = {values!r}"]
+    large, lines = {}, [formulas.TENSORS_HEAD]
+    for name, (flat, *view) in rows.items():
+        if isinstance(flat, str):
+            buffer = repr(flat)
+        else:
+            raw = bits(flat.cpu())
+            large.update({name: raw} if flat.numel() > LITERAL_ELEMENTS else {})
+            buffer = f"({flat.dtype}, {flat.data_ptr() % 64}, {'pt' if name in large else raw.tolist()!r})"
+        lines.append(f"    {name!r}: ({buffer}, {', '.join(map(repr, view))}),")
+    lines += ["}", f"ARGS = {values!r}"] + ([formulas.DATA] if large else [])
     return lines, large
 
 
 def kernel_lines(operation: str, source: str | None, target: dict) -> list[str]:
     """``def kernel(...)``: the adapter's call source inlined, else its method, imported by module path."""
-    found = f"__import__('importlib').import_module({target['module']!r})"
+    arguments = ", ".join(OPERATION_ARGUMENTS[operation])
+    lines = [f"def kernel({arguments}):"]
     if source:
-        return [f"def kernel({', '.join(OPERATION_ARGUMENTS[operation])}):",
-                textwrap.indent(textwrap.dedent(source).strip(), "    ")]
+        return lines + [textwrap.indent(textwrap.dedent(source).strip(), "    ")]
+    found = f"__import__('importlib').import_module({target['module']!r})"
     found = f"getattr({found}, {target['attr']!r})" if target["attr"] else found
-    return [f"def kernel(*arguments):  # the adapter declares no call_source: imported from {target['path']}",
-            f"    sys.path.append({target['directory']!r})",
-            f"    impl = {found}",
-            f"    (impl() if isinstance(impl, type) else impl).{operation}(*arguments)"]
+    return lines + [f"    sys.path.append({target['directory']!r})  # the adapter, from {target['path']}",
+                    f"    impl = {found}",
+                    f"    (impl() if isinstance(impl, type) else impl).{operation}({arguments})"]
 
 
 def script_text(cell: dict, record: dict, declaration: dict, source: str | None, target: dict) -> tuple[str, dict]:
@@ -105,31 +110,35 @@ def script_text(cell: dict, record: dict, declaration: dict, source: str | None,
     case = case_types.from_jsonable(record["case"])
     operation = operation_of(record)
     device = "cuda" if str(record.get("device", "cpu")).startswith("cuda") else "cpu"
-    buffers, views, values = inputs(tensors.build(case, "cpu"), operation)
-    lines, large = data_lines(buffers, views, values)
-    call = tuple(BUFFER_OF_ARGUMENT.get(arg, arg) for arg in OPERATION_ARGUMENTS[operation])
+    lines, large = data_lines(*tensors_table(tensors.build(case, "cpu"), operation))
     title = f"{operation}: {cell['kind']} on {cell['condition']['text']} ({cell['property']})"
     fp8 = operation in CACHING_OPERATIONS and tensors.fp8_format(case.kv_cache_dtype) is not None
-    text = "\n".join([formulas.HEADER.format(title=title, origin=pathlib.Path(record["file"]).name),
-                      f"DEVICE = {device!r}", *constants(operation, case, declaration), *lines, f"CALL = {call!r}",
-                      "", "", *kernel_lines(operation, source, target), formulas.program(operation, fp8), ""])
+    crash = re.search(r"\((SIG[A-Z]+)\)", cell["kind"]) if cell["kind"].startswith("crashed") else None
+    crash = crash and crash.group(1) + (": heap corruption" if crash.group(1) == "SIGABRT" else "")
+    text = "\n".join([formulas.HEADER.format(title=title, about=textwrap.fill(
+                          formulas.ABOUT.format(origin=pathlib.Path(record["file"]).name), 118)),
+                      *constants(operation, case, declaration, device), *lines, "",
+                      *kernel_lines(operation, source, target), formulas.program(operation, fp8, crash or ""), ""])
     return text, large
 
 
-def constants(operation: str, case, declaration: dict) -> list[str]:
-    """The declarations and sizes the formula of ``operation`` reads."""
-    lines = []
+def constants(operation: str, case, declaration: dict, device: str) -> list[str]:
+    """The device, and the declarations and sizes the formula of ``operation`` reads."""
+    caching = operation in CACHING_OPERATIONS
+    values, notes = {"DEVICE": device, **({"TOKENS": case.tokens} if caching else {})}, []
     if operation in ROTATING_OPERATIONS:
-        per_op = declaration.get("rounding") == "per_op"
-        lines.append(f"PER_OP = {per_op!r}  # rounding=\"per_op\": CONTRACT §5's wider bound")
+        values["PER_OP"] = declaration.get("rounding") == "per_op"
+        notes.append("PER_OP: rounding=\"per_op\", CONTRACT §5's wider bound")
     if operation in FUSED_OPERATIONS:
-        padded_rows = declaration.get("padded_rows", "rotated")
-        lines.append(f"PADDED_ROWS = {padded_rows!r}  # rows rotated when their slot is padded")
-    if operation in CACHING_OPERATIONS:
-        fmt = tensors.fp8_format(case.kv_cache_dtype)
-        lines += [f"TOKENS = {case.tokens}", "FP8 = None  # kv_cache_dtype stores the source bits" if fmt is None else
-                  f"FP8, NAN_CODE = ({tensors.FLOAT8_STORAGE[fmt]}, {ref_fp8.FORMATS[fmt].max_finite!r}), "
-                  f"{0x7D if fmt == 'e5m2' else 0x7F}  # codes' dtype, finite max; magnitudes >= NAN_CODE are NaN"]
+        values["PADDED_ROWS"] = declaration.get("padded_rows", "rotated")
+        notes.append("PADDED_ROWS: the rows rotated where the slot is padded (§4)")
+    line = f"{', '.join(values)} = {', '.join(map(repr, values.values()))}"
+    lines = [f"{line}  # {'; '.join(notes)}"] if notes else [line]
+    lines = lines if len(lines[0]) <= 120 else [f"# {'; '.join(notes)}", line]
+    fmt = tensors.fp8_format(case.kv_cache_dtype) if caching else None
+    if fmt is not None:
+        lines.append(f"FP8, NAN_CODE = ({tensors.FLOAT8_STORAGE[fmt]}, {ref_fp8.FORMATS[fmt].max_finite!r}), "
+                     f"{0x7D if fmt == 'e5m2' else 0x7F}  # codes' dtype, finite max; magnitudes >= NAN_CODE are NaN")
     return lines
 
 
@@ -172,14 +181,15 @@ def signal_name(run: subprocess.CompletedProcess | None) -> str | None:
 
 
 def reproduced(kind: str, run: subprocess.CompletedProcess | None) -> bool:
-    """Did the script fail as the cell did: the same signal, a hang, the same exception type, or a
-    difference from the formula."""
+    """Did the script fail as the cell did: the same signal (or, for a crash, the write outside an argument's
+    buffer that causes it: ``OUTSIDE``), a hang, the same exception type, or a difference from the formula."""
     if kind.startswith("hung"):
         return run is None
     if run is None:
         return False
     if kind.startswith("crashed"):
-        return signal_name(run) is not None and f"({signal_name(run)})" in kind
+        same_signal = signal_name(run) is not None and f"({signal_name(run)})" in kind
+        return same_signal or (run.returncode == 1 and OUTSIDE.search(run.stdout) is not None)
     if kind.startswith("raised"):
         errors = [line for line in run.stderr.splitlines() if line.strip()]
         return run.returncode == 1 and bool(errors) and errors[-1].partition(":")[0].endswith(kind.split()[1])
@@ -226,7 +236,7 @@ def load_adapter(report: dict):
 def write_reproducers(report_dir: pathlib.Path, report: dict, python: str = sys.executable) -> dict:
     """Per failing cell with a case of the five operations: its reproducer (module docstring), run by
     ``python``; ``run.phases["reproducers"]`` its seconds; ``report.json`` rewritten. Returns ``report``."""
-    started, report_dir = time.monotonic(), pathlib.Path(report_dir)
+    started, report_dir = time.monotonic(), pathlib.Path(report_dir).absolute()  # scripts run from elsewhere
     cells = [cell for cell in report.get("cells", []) if (cell.get("replay") or {}).get("file")]
     impl = load_adapter(report) if cells else None
     directory = report_dir / DIRECTORY

@@ -1,163 +1,180 @@
 """The text of a standalone reproducer (``reproducer.py`` fills it in): CONTRACT §1-§5 written out.
 
-A script is ``HEADER``, the inputs, the kernel call, ``COMMON`` (inputs rebuilt with their
-storage, offsets, strides and alignment; the expected memory image), the helpers of the one
-operation it calls (``ROTATE`` for rotating operations, ``STORE`` for cache writes), that
-operation's formula (``FORMULAS``) and ``JUDGE`` (compare, print, exit). It imports only torch
-and what the kernel call imports, so it runs where the kernel's maintainers work.
+A script is ``HEADER``, the constants and inputs, the kernel call, ``MEMORY`` (each buffer rebuilt
+between guard bytes, the arguments as the same views, the expected memory image), the helpers of
+the one operation it calls (``rotate`` for rotating operations, ``store`` for cache writes, each
+with only the pieces the case needs), that operation's formula (``FORMULAS``) and ``JUDGE_*`` (every
+byte compared, the guards checked, the first differences named, the exit status). It imports only
+torch and what the kernel call imports, so it runs where the kernel's maintainers work.
 """
 
 from __future__ import annotations
 
-from mla_fuse_conformance.declarations.operations import CACHING_OPERATIONS, ROTATING_OPERATIONS
+from mla_fuse_conformance.declarations.operations import (CACHING_OPERATIONS, FUSED_OPERATIONS, OPERATION_ARGUMENTS,
+                                                          ROTATING_OPERATIONS)
 
-HEADER = '''#!/usr/bin/env python3
-"""{title}
+HEADER = """#!/usr/bin/env python3
+\"\"\"{title}
+{about}\"\"\"
+import math, pathlib, sys, torch  # noqa: E401
+"""
 
-From {origin} (`mla-fuse verify`); needs only torch and the kernel's package. Calls the kernel on the case's inputs
-and compares memory with the formula in float64 (CONTRACT §5): exit 0 conforms, 1 differs (printed), a crash dies by
-its signal. `--reference` writes the formula's values instead of calling the kernel (exit 0)."""
-import math, pathlib, sys  # noqa: E401
+ABOUT = ("From {origin} (`mla-fuse verify`); needs only torch and the kernel's package. Exit 0: the buffers hold "
+         "the float64 formula's values (CONTRACT §5), their guard bytes intact; 1: what differs is printed; a crash dies "
+         "by its signal. `--reference` judges the formula's own values.")
 
-import torch
-'''
+TENSORS_HEAD = ("TENSORS = {  # argument: its buffer (dtype, address % 64, bits or \"pt\": in .pt) or the argument "
+                "sharing it; sizes, strides, offset")
 
-COMMON = '''
+DATA = 'DATA = torch.load(pathlib.Path(__file__).with_suffix(".pt"))  # the buffers marked "pt", as integers'
 
-INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-DATA = torch.load(pathlib.Path(__file__).with_suffix(".pt")) if any(b[-1] == "pt" for b in BUFFERS.values()) else {}
+MEMORY = """
+# Each buffer at its alignment mod 64 between guards of 0xA5 bytes as large as it plus the largest argument laid out
+# contiguously (where a kernel that ignores strides writes); the arguments as the same views; `want`: bits expected.
+INTS, owner, memory, args = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}, {}, {}, dict(ARGS)
+for arg, (buffer, size, stride, offset) in TENSORS.items():
+    owner[arg] = buffer if isinstance(buffer, str) else arg
+    if owner[arg] == arg:
+        dtype, align, bits = buffer
+        data = (DATA[arg] if bits == "pt" else torch.tensor(bits, dtype=INTS[dtype.itemsize])).view(torch.uint8)
+        guard = data.numel() + max(math.prod(t[1]) for t in TENSORS.values()) * dtype.itemsize
+        base = torch.full((2 * guard + data.numel() + 64,), 0xA5, dtype=torch.uint8, device=DEVICE)
+        start = guard + (align - base.data_ptr() - guard) % 64
+        memory[arg] = (base, start, base[start:start + data.numel()].copy_(data).view(dtype))
+    flat = memory[owner[arg]][2]
+    args[arg] = torch.as_strided(flat, size, stride, flat.storage_offset() + offset)
+before, want = ({name: flat.cpu().clone() for name, (_, _, flat) in memory.items()} for _ in range(2))
+at = lambda image, arg: torch.as_strided(image[owner[arg]], *TENSORS[arg][1:])  # noqa: E731 - arg's view of an image
+"""
 
+BOUNDS = """exact, bound = ({name: torch.full(w.shape, fill, dtype=torch.float64) for name, w in want.items()} for fill in (0, -1))
+"""
 
-def allocate(name, dtype, align, bits):  # the raw bits; the data pointer `align` bytes past 64 as in the case
-    data = DATA[name] if bits == "pt" else torch.tensor(bits, dtype=INTS[dtype.itemsize]).view(dtype)
-    base = torch.empty(data.numel() + 64 // dtype.itemsize, dtype=dtype, device=DEVICE)
-    flat = base[(align - base.data_ptr()) % 64 // dtype.itemsize:][:data.numel()]
-    return flat.view(INTS[dtype.itemsize]).copy_(data.view(INTS[dtype.itemsize])).view(dtype)
+FP8_IMAGE = """fp8 = {name: torch.zeros(w.shape, dtype=torch.bool) for name, w in want.items()}  # where want holds fp8 codes
+"""
 
-
-flats = {name: allocate(name, *spec) for name, spec in BUFFERS.items()}
-args = dict(ARGS, **{arg: torch.as_strided(flats[buffer], size, stride, flats[buffer].storage_offset() + offset)
-                     for arg, (buffer, size, stride, offset) in VIEWS.items()})
-before, want = ({name: flat.cpu().clone() for name, flat in flats.items()} for _ in range(2))  # want: bits expected
-# where a tolerance applies: rotated values (exact, bound >= 0), fp8 codes (fp8)
-exact, bound, fp8 = ({name: torch.full(flat.shape, fill, dtype=dtype) for name, flat in flats.items()}
-                     for fill, dtype in ((0.0, torch.float64), (-1.0, torch.float64), (False, torch.bool)))
-at = lambda image, arg: torch.as_strided(image[VIEWS[arg][0]], *VIEWS[arg][1:])  # noqa: E731 - arg's view of an image
-'''
-
-ROTATE = '''
-
+ROTATE = """
 def rotate(arg, rows, size):  # CONTRACT §1: pairs (a, b) of a head's first R -> (a*c - b*s, b*c + a*s)
-    heads = lambda t: t.unflatten(-1, (-1, size)) if t.dim() == 2 else t  # noqa: E731 - [T, heads, size]
-    x, table = heads(at(before, arg)).double(), at(before, "cos_sin_cache").double()
-    R, f = table.size(1), torch.finfo(args[arg].dtype)
+    heads = lambda t: t.view(len(t), -1, size)  # noqa: E731 - [T, heads, size]
+    x, table, f = heads(at(before, arg)).double(), at(before, "cos_sin_cache").double(), torch.finfo(args[arg].dtype)
+    R, i = table.size(1), torch.arange(table.size(1) // 2)
     c, s = table[at(before, "positions").long()][:, None].split(R // 2, -1)
-    i = torch.arange(R // 2)
     first, second = (i, i + R // 2) if args["is_neox"] else (2 * i, 2 * i + 1)
     a, b, value, terms = x[..., first], x[..., second], x[..., :R].clone(), x[..., :R].clone()
     value[..., first], value[..., second] = a * c - b * s, b * c + a * s
     terms[..., first], terms[..., second] = (a * c).abs() + (b * s).abs(), (b * c).abs() + (a * s).abs()
     # §5: |got - exact| <= ulp_out(exact) + 2^-22 (|a*c| + |b*s|), + 2 u_out (|a*c| + |b*s|) per_op
-    exponent = (torch.frexp(value.abs()).exponent - 1).double().clamp(min=math.log2(f.tiny))
-    tol = (2.0 ** (exponent + math.log2(f.eps)) + (2.0 ** -22 + f.eps * PER_OP) * terms).nan_to_num(0.0)  # NaN: NaN
+    ulp = 2.0 ** ((torch.frexp(value.abs()).exponent - 1).double().clamp(min=math.log2(f.tiny)) + math.log2(f.eps))
+    tol = (ulp + (2.0 ** -22 + f.eps * PER_OP) * terms).nan_to_num(0.0)  # a NaN value: NaN
     for image, values in ((want, value.to(args[arg].dtype)), (exact, value), (bound, tol)):
         heads(at(image, arg))[rows, ..., :R] = values[rows]
-    return value, tol
-'''
+"""
 
-STORE = '''
+SLOTS = """
+slots = at(before, "slot_mapping").long()  # CONTRACT §2: slot < 0 and rows past slot_mapping write nothing
+written = torch.nn.functional.pad(slots >= 0, (0, TOKENS - len(slots)))
+"""
 
-slots = at(before, "slot_mapping").long()
-written = torch.zeros(TOKENS, dtype=torch.bool)
-written[:slots.numel()] = slots >= 0  # CONTRACT §2: slot < 0 and rows past slot_mapping write nothing
-valid = slots[slots >= 0]
+STORE = """
+def store(cache, source{scale}{columns}):  # §2: row t of source -> cache[s // B, s % B], s = slot_mapping[t]
+    s = slots[slots >= 0]
+    index = (s // args[cache].size(1), s % args[cache].size(1), ...{columns})
+{body}"""
 
+STORE_BITS = """    at(want, cache)[index] = at(want, source)[written]  # the source bits
+"""
 
-def store(cache, values, scale, dtype, columns=slice(None), tol=None):  # CONTRACT §2, §3
-    # row t -> cache[s // B, s % B] (s = slot_mapping[t]): the source bits, or rne_satfinite(float32(x) / scale)
-    index, x = (valid // args[cache].size(1), valid % args[cache].size(1), ..., columns), values[written].to(dtype)
-    if FP8 is None:
-        at(want, cache)[index] = x
-        if tol is not None:  # a rotated value: within its bound
-            at(exact, cache)[index], at(bound, cache)[index] = values[written], tol[written]
-    else:  # FP8: the codes' dtype, its finite max
-        codes = (x.float() / scale).clamp(-FP8[1], FP8[1]).to(FP8[0])
-        at(want, cache).view(torch.uint8)[index], at(fp8, cache)[index] = codes.view(torch.uint8), True
-'''
+STORE_BOUND = """    for image in (want, exact, bound):  # the source bits; a rotated value within its bound
+        at(image, cache)[index] = at(image, source)[written]
+"""
+
+STORE_FP8 = """    x = at(want, source)[written].float()  # §3: code = rne_satfinite(float32(x) / scale)
+    codes = (x / scale).clamp(-FP8[1], FP8[1]).to(FP8[0]).view(torch.uint8)
+    at(want, cache).view(torch.uint8)[index], at(fp8, cache)[index] = codes, True
+"""
 
 # the rows rotated: q and k of every row, or as the implementation declares padded rows (CONTRACT §4)
-ROWS = '''q_rows = written if PADDED_ROWS == "skipped" else torch.ones(TOKENS, dtype=torch.bool)
-k_rows = torch.ones(TOKENS, dtype=torch.bool) if PADDED_ROWS == "rotated" else written
-'''
+Q_ROWS, K_ROWS = ('written if PADDED_ROWS == "skipped" else slice(None)',
+                  'slice(None) if PADDED_ROWS == "rotated" else written')
 
+# per operation its formula; {scale}, {k_scale}, {v_scale}: the scale argument a store reads (fp8 caches only)
 FORMULAS = {
-    "rotary_embedding": '''
+    "rotary_embedding": """
 for arg in ("query", "key") if args["key"] is not None else ("query",):
-    rotate(arg, torch.ones(args[arg].size(0), dtype=torch.bool), args["head_size"])
-''',
-    "concat_and_cache_mla": '''
-store("kv_cache", torch.cat([at(before, "kv_c"), at(before, "k_pe")], -1), at(before, "scale"), args["kv_c"].dtype)
-''',
-    "concat_and_cache_mla_rope_fused": '''
-''' + ROWS + '''R, L = args["k_pe"].size(1), args["kv_c"].size(1)
-rotate("q_pe", q_rows, R)
-k, tol = rotate("k_pe", k_rows, R)
-store("kv_cache", at(before, "kv_c"), at(before, "scale"), args["kv_c"].dtype, slice(0, L))
-store("kv_cache", k[:, 0], at(before, "scale"), args["k_pe"].dtype, slice(L, None), tol[:, 0])
-''',
-    "reshape_and_cache_flash": '''
-store("key_cache", at(before, "key"), at(before, "k_scale").reshape(1, -1, 1), args["key"].dtype)
-store("value_cache", at(before, "value"), at(before, "v_scale").reshape(1, -1, 1), args["value"].dtype)
-''',
-    "rope_and_reshape_and_cache_flash": '''
-''' + ROWS + '''R, k_scale = args["cos_sin_cache"].size(1), at(before, "k_scale").reshape(1, -1, 1)
-rotate("query", q_rows, args["query"].size(-1))
-k, tol = rotate("key", k_rows, args["key"].size(-1))
-store("key_cache", k, k_scale, args["key"].dtype, slice(0, R), tol)
-store("key_cache", at(before, "key")[..., R:], k_scale, args["key"].dtype, slice(R, None))
-store("value_cache", at(before, "value"), at(before, "v_scale").reshape(1, -1, 1), args["value"].dtype)
-''',
+    rotate(arg, slice(None), args["head_size"])
+""",
+    "concat_and_cache_mla": """
+store("kv_cache", "kv_c"{scale}, slice(0, args["kv_c"].size(1)))
+store("kv_cache", "k_pe"{scale}, slice(args["kv_c"].size(1), None))
+""",
+    "concat_and_cache_mla_rope_fused": """
+rotate("q_pe", """ + Q_ROWS + """, args["q_pe"].size(-1))  # the padded rows as declared (§4)
+rotate("k_pe", """ + K_ROWS + """, args["k_pe"].size(-1))
+store("kv_cache", "kv_c"{scale}, slice(0, args["kv_c"].size(1)))
+store("kv_cache", "k_pe"{scale}, slice(args["kv_c"].size(1), None))
+""",
+    "reshape_and_cache_flash": """
+store("key_cache", "key"{k_scale})
+store("value_cache", "value"{v_scale})
+""",
+    "rope_and_reshape_and_cache_flash": """
+rotate("query", """ + Q_ROWS + """, args["query"].size(-1))  # the padded rows as declared (§4)
+rotate("key", """ + K_ROWS + """, args["key"].size(-1))
+store("key_cache", "key"{k_scale})
+store("value_cache", "value"{v_scale})
+""",
 }
+SCALES = {"scale": ', at(before, "{}")', "k_scale": ', at(before, "k_scale").reshape(1, -1, 1)',
+          "v_scale": ', at(before, "v_scale").reshape(1, -1, 1)'}
 
-JUDGE = '''
+JUDGE_START = """
+if "--reference" not in sys.argv:  # --reference: the formula's values stand in for the kernel's
+    kernel(**args)
+failed = wrote = 0
+for name, (base, start, flat) in memory.items():  # every bit as `want`{but}
+    got, ints = want[name] if "--reference" in sys.argv else flat.cpu(), INTS[flat.element_size()]
+    ok = got.view(ints) == want[name].view(ints)
+"""
 
-def differences(name, got):  # storage indices breaking §5: a rotated value's bound, {fp8}any other bit
-    w, e, tol, codes = (image[name] for image in (want, exact, bound, fp8))
-    ok, g = got.view(INTS[got.dtype.itemsize]) == w.view(INTS[got.dtype.itemsize]), got.double()
-    ok[tol >= 0] = ((g - e).abs() <= tol)[tol >= 0] | (g.isnan() & e.isnan())[tol >= 0]
-{fp8_check}    return (~ok).nonzero().reshape(-1)
+JUDGE_BOUND = """    e, tol = exact[name], bound[name]  # a rotated value (tol >= 0): within its bound, NaN where exact is NaN
+    ok = torch.where(tol >= 0, ((got.double() - e).abs() <= tol) | (got.isnan() & e.isnan()), ok)
+"""
+
+JUDGE_FP8 = """    if fp8[name].any():  # an fp8 code: as an ordered integer at most one step from the formula's, NaN alike
+        g, w = (torch.where(c > 127, 128 - c, c) for c in (got.view(torch.uint8).long(), want[name].view(torch.uint8).long()))
+        ok[fp8[name]] = (((g - w).abs() <= 1) & ((g.abs() >= NAN_CODE) == (w.abs() >= NAN_CODE)))[fp8[name]]
+"""
+
+# the first five elements that differ, each named as an argument's element (else by storage index), then the guards
+JUDGE_END = """    views, ids = [arg for arg in owner if owner[arg] == name], {{name: torch.arange(got.numel())}}
+    for i in (~ok).nonzero().reshape(-1)[:5].tolist():
+        where = [f"{{a}}{{(at(ids, a) == i).nonzero()[0].tolist()}}" for a in views if (at(ids, a) == i).any()]
+        print(f"{{(where or [f'{{name}} storage element {{i}}'])[0]}}: got {{got[i].item()!r}}, expected {{want[name][i].item()!r}}"{bound_text})
+    for where, guard in (("before the start", base[:start]), ("past the end", base[start + flat.nbytes:])):
+        if (count := (guard != 0xA5).sum().item()):
+            print(f"wrote {{count}} bytes {{where}} of {{'/'.join(views)}}'s storage{crash}")
+        wrote += count
+    failed += (~ok).sum().item()
+print(f"{{failed}} elements differ from the formula" if failed else "every element conforms to the formula")
+sys.exit(1 if failed or wrote else 0)
+"""
+
+BOUND_TEXT = '\n              + (f" (exact {e[i].item()!r}, bound {tol[i].item():.3g})" if tol[i] >= 0 else "")'
 
 
-def element(name, i):  # which argument's element storage index i of buffer `name` is
-    hits = [(arg, (torch.arange(flats[name].numel()).as_strided(*view[1:]) == i).nonzero())
-            for arg, view in VIEWS.items() if view[0] == name]
-    return next((f"{{arg}}{{hit[0].tolist()}}" for arg, hit in hits if hit.numel()), f"{{name}} storage element {{i}}")
-
-
-if "--reference" in sys.argv:
-    for name, flat in flats.items():
-        flat.copy_(want[name])
-else:
-    kernel(*(args[name] for name in CALL))
-bad = {{name: differences(name, flat.cpu()) for name, flat in flats.items()}}
-for name, i in ((name, i) for name, where in bad.items() for i in where[:5].tolist()):
-    tol = f" (exact {{exact[name][i].item()!r}}, bound {{bound[name][i].item():.3g}})" if bound[name][i] >= 0 else ""
-    print(f"{{element(name, i)}}: got {{flats[name][i].item()!r}}, expected {{want[name][i].item()!r}}{{tol}}")
-count = sum(where.numel() for where in bad.values())
-print(f"{{count}} elements differ from the formula" if count else "conforms to the formula")
-sys.exit(1 if count else 0)
-'''
-
-FP8_CHECK = '''    if codes.any():  # fp8 codes as ordered integers at most one step apart, NaN alike
-        pair = [code.view(torch.uint8).long() for code in (got, w)]
-        order, nan = [torch.where(c > 127, 128 - c, c) for c in pair], [c & 127 >= NAN_CODE for c in pair]
-        ok[codes] = (((order[0] - order[1]).abs() <= 1) & (nan[0] == nan[1]))[codes]
-'''
-
-
-def program(operation: str, fp8: bool) -> str:
-    """Everything after the kernel call: the inputs rebuilt, ``operation``'s formula, the judgement
-    (with the fp8 code rule where the cache holds fp8 codes)."""
-    judge = JUDGE.format(fp8="an fp8 code's step, " if fp8 else "", fp8_check=FP8_CHECK if fp8 else "")
-    return "".join([COMMON, ROTATE if operation in ROTATING_OPERATIONS else "",
-                    STORE if operation in CACHING_OPERATIONS else "", FORMULAS[operation], judge]).rstrip()
+def program(operation: str, fp8: bool, crash: str) -> str:
+    """Everything after the kernel call: the inputs rebuilt, ``operation``'s formula, the judgement (with
+    the fp8 code rule where the cache holds fp8 codes); ``crash``: what the suite's run died of, or ''."""
+    rotating, caching = operation in ROTATING_OPERATIONS, operation in CACHING_OPERATIONS
+    body = STORE_FP8 if fp8 else STORE_BOUND if rotating else STORE_BITS
+    scale = "kv_cache_scale" if operation in FUSED_OPERATIONS else "scale"
+    scales = {key: text.format(scale) if fp8 else "" for key, text in SCALES.items()}
+    mla = "kv_cache" in OPERATION_ARGUMENTS[operation]  # an MLA entry: kv_c's columns, then k_pe's
+    store = STORE.format(scale=", scale" if fp8 else "", columns=", columns" if mla else "", body=body)
+    crash_text = f" (the suite's run died by {crash})" if crash else ""
+    return "".join([MEMORY, BOUNDS if rotating else "", FP8_IMAGE if fp8 else "", ROTATE if rotating else "",
+                    SLOTS if caching else "", store if caching else "",
+                    FORMULAS[operation].format(**scales),
+                    JUDGE_START.format(but=", but (§5):" if rotating or fp8 else ""), JUDGE_BOUND if rotating else "",
+                    JUDGE_FP8 if fp8 else "",
+                    JUDGE_END.format(bound_text=BOUND_TEXT if rotating else "", crash=crash_text)]).rstrip()

@@ -1,103 +1,67 @@
 #!/usr/bin/env python3
 """concat_and_cache_mla: crashed (SIGABRT) on kv_cache block stride == block_size x entry stride: no; block_size not 8 or 16 or 32; slots.padding not all; slots.placement not mid_block; some slot written (slot >= 0): yes (test_mla:test_mla_cache_write_matches_reference)
+From test_mla_cache_write_matches_reference-vllm-cpu-amx-d69f960f46.json (`mla-fuse verify`); needs only torch and the
+kernel's package. Exit 0: the buffers hold the float64 formula's values (CONTRACT §5), their guard bytes intact; 1:
+what differs is printed; a crash dies by its signal. `--reference` judges the formula's own values."""
+import math, pathlib, sys, torch  # noqa: E401
 
-From test_mla_cache_write_matches_reference-vllm-cpu-amx-d69f960f46.json (`mla-fuse verify`); needs only torch and the kernel's package. Calls the kernel on the case's inputs
-and compares memory with the formula in float64 (CONTRACT §5): exit 0 conforms, 1 differs (printed), a crash dies by
-its signal. `--reference` writes the formula's values instead of calling the kernel (exit 0)."""
-import math, pathlib, sys  # noqa: E401
-
-import torch
-
-DEVICE = 'cpu'
-TOKENS = 1
-FP8 = None  # kv_cache_dtype stores the source bits
-BUFFERS = {  # dtype, data pointer mod 64 (bytes), raw bits ("pt": in the .pt file beside this script)
-    'kv_c': (torch.bfloat16, 0, [-16704]),
-    'k_pe': (torch.bfloat16, 0, [16163, 15885]),
-    'kv_cache': (torch.bfloat16, 0, [8555, -24282, 21841, -6329, -24258, 27784, 22858, 16834, -13928, -13775, 19251, -22247]),
-    'slot_mapping': (torch.int64, 0, [1, 2, 2, 2, 0]),
-    'scale': (torch.float32, 0, [1065353216, -1565803179]),
-}
-VIEWS = {  # argument: buffer, sizes, strides, storage offset in the buffer
-    'kv_c': ('kv_c', (1, 1), (1, 1), 0),
-    'k_pe': ('k_pe', (1, 2), (2, 1), 0),
-    'kv_cache': ('kv_cache', (3, 1, 3), (4, 12, 1), 0),
-    'slot_mapping': ('slot_mapping', (1,), (1,), 0),
-    'scale': ('scale', (1,), (1,), 0),
+DEVICE, TOKENS = 'cpu', 1
+TENSORS = {  # argument: its buffer (dtype, address % 64, bits or "pt": in .pt) or the argument sharing it; sizes, strides, offset
+    'kv_c': ((torch.bfloat16, 0, [-16704]), (1, 1), (1, 1), 0),
+    'k_pe': ((torch.bfloat16, 0, [16163, 15885]), (1, 2), (2, 1), 0),
+    'kv_cache': ((torch.bfloat16, 0, [8555, -24282, 21841, -6329, -24258, 27784, 22858, 16834, -13928, -13775, 19251, -22247]), (3, 1, 3), (4, 12, 1), 0),
+    'slot_mapping': ((torch.int64, 0, [1, 2, 2, 2, 0]), (1,), (1,), 0),
+    'scale': ((torch.float32, 0, [1065353216, -1565803179]), (1,), (1,), 0),
 }
 ARGS = {'kv_cache_dtype': 'auto'}
-CALL = ('kv_c', 'k_pe', 'kv_cache', 'slot_mapping', 'kv_cache_dtype', 'scale')
-
 
 def kernel(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale):
     import importlib.util, pathlib
     torch.ops.load_library(str(pathlib.Path(importlib.util.find_spec("vllm").submodule_search_locations[0]) / '_C.abi3.so'))
     torch.ops._C.concat_and_cache_mla_cpu(kv_c, k_pe, kv_cache, slot_mapping)  # no kv_cache_dtype, scale
 
+# Each buffer at its alignment mod 64 between guards of 0xA5 bytes as large as it plus the largest argument laid out
+# contiguously (where a kernel that ignores strides writes); the arguments as the same views; `want`: bits expected.
+INTS, owner, memory, args = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}, {}, {}, dict(ARGS)
+for arg, (buffer, size, stride, offset) in TENSORS.items():
+    owner[arg] = buffer if isinstance(buffer, str) else arg
+    if owner[arg] == arg:
+        dtype, align, bits = buffer
+        data = (DATA[arg] if bits == "pt" else torch.tensor(bits, dtype=INTS[dtype.itemsize])).view(torch.uint8)
+        guard = data.numel() + max(math.prod(t[1]) for t in TENSORS.values()) * dtype.itemsize
+        base = torch.full((2 * guard + data.numel() + 64,), 0xA5, dtype=torch.uint8, device=DEVICE)
+        start = guard + (align - base.data_ptr() - guard) % 64
+        memory[arg] = (base, start, base[start:start + data.numel()].copy_(data).view(dtype))
+    flat = memory[owner[arg]][2]
+    args[arg] = torch.as_strided(flat, size, stride, flat.storage_offset() + offset)
+before, want = ({name: flat.cpu().clone() for name, (_, _, flat) in memory.items()} for _ in range(2))
+at = lambda image, arg: torch.as_strided(image[owner[arg]], *TENSORS[arg][1:])  # noqa: E731 - arg's view of an image
 
-INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-DATA = torch.load(pathlib.Path(__file__).with_suffix(".pt")) if any(b[-1] == "pt" for b in BUFFERS.values()) else {}
+slots = at(before, "slot_mapping").long()  # CONTRACT §2: slot < 0 and rows past slot_mapping write nothing
+written = torch.nn.functional.pad(slots >= 0, (0, TOKENS - len(slots)))
 
+def store(cache, source, columns):  # §2: row t of source -> cache[s // B, s % B], s = slot_mapping[t]
+    s = slots[slots >= 0]
+    index = (s // args[cache].size(1), s % args[cache].size(1), ..., columns)
+    at(want, cache)[index] = at(want, source)[written]  # the source bits
 
-def allocate(name, dtype, align, bits):  # the raw bits; the data pointer `align` bytes past 64 as in the case
-    data = DATA[name] if bits == "pt" else torch.tensor(bits, dtype=INTS[dtype.itemsize]).view(dtype)
-    base = torch.empty(data.numel() + 64 // dtype.itemsize, dtype=dtype, device=DEVICE)
-    flat = base[(align - base.data_ptr()) % 64 // dtype.itemsize:][:data.numel()]
-    return flat.view(INTS[dtype.itemsize]).copy_(data.view(INTS[dtype.itemsize])).view(dtype)
+store("kv_cache", "kv_c", slice(0, args["kv_c"].size(1)))
+store("kv_cache", "k_pe", slice(args["kv_c"].size(1), None))
 
-
-flats = {name: allocate(name, *spec) for name, spec in BUFFERS.items()}
-args = dict(ARGS, **{arg: torch.as_strided(flats[buffer], size, stride, flats[buffer].storage_offset() + offset)
-                     for arg, (buffer, size, stride, offset) in VIEWS.items()})
-before, want = ({name: flat.cpu().clone() for name, flat in flats.items()} for _ in range(2))  # want: bits expected
-# where a tolerance applies: rotated values (exact, bound >= 0), fp8 codes (fp8)
-exact, bound, fp8 = ({name: torch.full(flat.shape, fill, dtype=dtype) for name, flat in flats.items()}
-                     for fill, dtype in ((0.0, torch.float64), (-1.0, torch.float64), (False, torch.bool)))
-at = lambda image, arg: torch.as_strided(image[VIEWS[arg][0]], *VIEWS[arg][1:])  # noqa: E731 - arg's view of an image
-
-
-slots = at(before, "slot_mapping").long()
-written = torch.zeros(TOKENS, dtype=torch.bool)
-written[:slots.numel()] = slots >= 0  # CONTRACT §2: slot < 0 and rows past slot_mapping write nothing
-valid = slots[slots >= 0]
-
-
-def store(cache, values, scale, dtype, columns=slice(None), tol=None):  # CONTRACT §2, §3
-    # row t -> cache[s // B, s % B] (s = slot_mapping[t]): the source bits, or rne_satfinite(float32(x) / scale)
-    index, x = (valid // args[cache].size(1), valid % args[cache].size(1), ..., columns), values[written].to(dtype)
-    if FP8 is None:
-        at(want, cache)[index] = x
-        if tol is not None:  # a rotated value: within its bound
-            at(exact, cache)[index], at(bound, cache)[index] = values[written], tol[written]
-    else:  # FP8: the codes' dtype, its finite max
-        codes = (x.float() / scale).clamp(-FP8[1], FP8[1]).to(FP8[0])
-        at(want, cache).view(torch.uint8)[index], at(fp8, cache)[index] = codes.view(torch.uint8), True
-
-store("kv_cache", torch.cat([at(before, "kv_c"), at(before, "k_pe")], -1), at(before, "scale"), args["kv_c"].dtype)
-
-
-def differences(name, got):  # storage indices breaking §5: a rotated value's bound, any other bit
-    w, e, tol, codes = (image[name] for image in (want, exact, bound, fp8))
-    ok, g = got.view(INTS[got.dtype.itemsize]) == w.view(INTS[got.dtype.itemsize]), got.double()
-    ok[tol >= 0] = ((g - e).abs() <= tol)[tol >= 0] | (g.isnan() & e.isnan())[tol >= 0]
-    return (~ok).nonzero().reshape(-1)
-
-
-def element(name, i):  # which argument's element storage index i of buffer `name` is
-    hits = [(arg, (torch.arange(flats[name].numel()).as_strided(*view[1:]) == i).nonzero())
-            for arg, view in VIEWS.items() if view[0] == name]
-    return next((f"{arg}{hit[0].tolist()}" for arg, hit in hits if hit.numel()), f"{name} storage element {i}")
-
-
-if "--reference" in sys.argv:
-    for name, flat in flats.items():
-        flat.copy_(want[name])
-else:
-    kernel(*(args[name] for name in CALL))
-bad = {name: differences(name, flat.cpu()) for name, flat in flats.items()}
-for name, i in ((name, i) for name, where in bad.items() for i in where[:5].tolist()):
-    tol = f" (exact {exact[name][i].item()!r}, bound {bound[name][i].item():.3g})" if bound[name][i] >= 0 else ""
-    print(f"{element(name, i)}: got {flats[name][i].item()!r}, expected {want[name][i].item()!r}{tol}")
-count = sum(where.numel() for where in bad.values())
-print(f"{count} elements differ from the formula" if count else "conforms to the formula")
-sys.exit(1 if count else 0)
+if "--reference" not in sys.argv:  # --reference: the formula's values stand in for the kernel's
+    kernel(**args)
+failed = wrote = 0
+for name, (base, start, flat) in memory.items():  # every bit as `want`
+    got, ints = want[name] if "--reference" in sys.argv else flat.cpu(), INTS[flat.element_size()]
+    ok = got.view(ints) == want[name].view(ints)
+    views, ids = [arg for arg in owner if owner[arg] == name], {name: torch.arange(got.numel())}
+    for i in (~ok).nonzero().reshape(-1)[:5].tolist():
+        where = [f"{a}{(at(ids, a) == i).nonzero()[0].tolist()}" for a in views if (at(ids, a) == i).any()]
+        print(f"{(where or [f'{name} storage element {i}'])[0]}: got {got[i].item()!r}, expected {want[name][i].item()!r}")
+    for where, guard in (("before the start", base[:start]), ("past the end", base[start + flat.nbytes:])):
+        if (count := (guard != 0xA5).sum().item()):
+            print(f"wrote {count} bytes {where} of {'/'.join(views)}'s storage (the suite's run died by SIGABRT: heap corruption)")
+        wrote += count
+    failed += (~ok).sum().item()
+print(f"{failed} elements differ from the formula" if failed else "every element conforms to the formula")
+sys.exit(1 if failed or wrote else 0)
