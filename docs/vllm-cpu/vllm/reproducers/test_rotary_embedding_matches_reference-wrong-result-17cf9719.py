@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""rotary_embedding: wrong result on key contiguous: yes; tokens not 0 or 1 or 2; heads 2; head_size not 40; table.rotary_dim 20; rank 3; query_place.pad[1] not 0; query_place.pad[2] 3; query_place.offset[1] 1; query_place.order (0, 1, 2); query_place.lead 8 (test_rotary_embedding:test_rotary_embedding_matches_reference)
+"""rotary_embedding: wrong result on key contiguous: yes; tokens not 0 or 1 or 2; heads 2; head_size not 40; table.rotary_dim 20; rank 3; query_place.pad[1] not 0; query_place.pad[2] 3; query_place.offset[1] 1; query_place.lead 8 (test_rotary_embedding:test_rotary_embedding_matches_reference)
 From test_rotary_embedding_matches_reference-vllm-6b6d11efca.json (`mla-fuse verify`); needs only torch and the
 kernel's package. Exit 0: the buffers hold the float64 formula's values (CONTRACT §5), their guard bytes intact; 1:
 what differs is printed; a crash dies by its signal. `--reference` judges the formula's own values."""

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""concat_and_cache_mla: wrong result on a slot past the first block written: yes; kv_cache block stride == block_size x entry stride: no; block_size not 3 or 9; slots.placement not mid_block (test_mla:test_mla_cache_write_matches_reference)
+"""concat_and_cache_mla: crashed (SIGABRT) on a slot past the first block written: yes; kv_cache block stride == block_size x entry stride: no; block_size not 3 or 9; slots.placement not mid_block (test_mla:test_mla_cache_write_matches_reference)
 From test_mla_cache_write_matches_reference-vllm-63dbc9e8d4.json (`mla-fuse verify`); needs only torch and the
 kernel's package. Exit 0: the buffers hold the float64 formula's values (CONTRACT §5), their guard bytes intact; 1:
 what differs is printed; a crash dies by its signal. `--reference` judges the formula's own values."""
@@ -60,7 +60,7 @@ for name, (base, start, flat) in memory.items():  # every bit as `want`
         print(f"{(where or [f'{name} storage element {i}'])[0]}: got {got[i].item()!r}, expected {want[name][i].item()!r}")
     for where, guard in (("before the start", base[:start]), ("past the end", base[start + flat.nbytes:])):
         if (count := (guard != 0xA5).sum().item()):
-            print(f"wrote {count} bytes {where} of {'/'.join(views)}'s storage")
+            print(f"wrote {count} bytes {where} of {'/'.join(views)}'s storage (the suite's run died by SIGABRT: heap corruption)")
         wrote += count
     failed += (~ok).sum().item()
 print(f"{failed} elements differ from the formula" if failed else "every element conforms to the formula")
