@@ -209,9 +209,14 @@ def _cell(prop, impl, device, run_example: Callable, strategy, case, error, sour
                    trigger=diagnosis.describe())
     if getattr(error, "flaky", False):
         failure["kind"] += ", not the same on replay"
+    return _saved_cell(prop, failure, dataclasses.asdict(diagnosis), source)
+
+
+def _saved_cell(prop, failure: dict, diagnosis: dict | None, source: str) -> Cell:
+    """``failure`` (a failure record with its ``cell``) saved for replay, and the Cell pointing to its file."""
     path = recording.save_failure(failure, f"map:{prop.name}", profiles.full_name("ci"))
-    return Cell(cell, failure["kind"], failure["error"].splitlines()[0][:300] if failure["error"] else "",
-                str(path), dataclasses.asdict(diagnosis), source)
+    error = failure["error"].splitlines()[0][:300] if failure["error"] else ""
+    return Cell(failure["cell"], failure["kind"], error, str(path), diagnosis, source)
 
 
 def _pair_file(prop, impl, device, run_example: Callable, pair: dict) -> str | None:
@@ -278,10 +283,7 @@ def _carried(prop, impl, device, known: known_cells.KnownCell) -> Cell:
     entry = known.entry
     failure = dict(recording.failure_record(prop, impl, device, known.case, known.error),
                    cell=entry["condition"].get("features") or {}, trigger=entry["condition"]["text"])
-    path = recording.save_failure(failure, f"map:{prop.name}", profiles.full_name("ci"))
-    return Cell(entry["condition"].get("features") or {}, failure["kind"],
-                failure["error"].splitlines()[0][:300] if failure["error"] else "", str(path),
-                known_cells.diagnosis_of(entry), known_cells.SOURCE)
+    return _saved_cell(prop, failure, known_cells.diagnosis_of(entry), known_cells.SOURCE)
 
 
 def _known_failures(prop, impl, device, run_example, strategy, known, cells, examples) -> str:
