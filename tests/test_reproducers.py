@@ -149,3 +149,19 @@ def test_a_vllm_cpu_crash_reproduces_without_mla_fuse(tmp_path, failure, signal)
     if signal is None:
         ran = subprocess.run([python, "-I", found["script"]], cwd=tmp_path, capture_output=True, text=True)
         assert "bytes past the end of kv_cache's storage (the suite's run died by SIGABRT" in ran.stdout, ran.stdout
+
+
+def test_a_subclass_overriding_a_shipped_adapters_method_is_called_itself():
+    """A team's adapter deriving from the shipped triton one, its own concat_and_cache_mla and no
+    call_source of its own: the script imports the team's adapter (the base's call_source would
+    run mla_fuse's kernel, and the team's bug would not reproduce)."""
+    from mla_fuse_conformance.adapters.triton import TritonImplementation
+    from mla_fuse_conformance.commands.reproducer import call_source
+
+    class Team(TritonImplementation):
+        def concat_and_cache_mla(self, *args):
+            return None
+
+    assert call_source(Team(), "concat_and_cache_mla") is None
+    assert "ops.rotary_embedding(" in call_source(Team(), "rotary_embedding")
+    assert "ops.concat_and_cache_mla(" in call_source(TritonImplementation(), "concat_and_cache_mla")

@@ -196,6 +196,16 @@ def reproduced(kind: str, run: subprocess.CompletedProcess | None) -> bool:
     return run.returncode == 1 and "differ from the formula" in run.stdout
 
 
+def call_source(target, operation: str) -> str | None:
+    """The adapter's ``call_source[operation]``, unless a subclass overrides the operation's method below
+    the class that declares it (a team's adapter deriving from a shipped one): that source would call
+    the base class's kernel, so the adapter is imported by its module path instead."""
+    source = (getattr(target, "call_source", None) or {}).get(operation)
+    mro = (target if isinstance(target, type) else type(target)).__mro__
+    method, declared = (next((k for k in mro if name in vars(k)), None) for name in (operation, "call_source"))
+    return source if method is None or declared is None or issubclass(declared, method) else None
+
+
 def write_script(cell: dict, record: dict, directory: pathlib.Path, implementation: dict,
                  impl) -> tuple[pathlib.Path, pathlib.Path | None]:
     """Write the reproducer of one cell from its failure ``record`` (the JSON of ``cell["replay"]["file"]``):
@@ -204,7 +214,7 @@ def write_script(cell: dict, record: dict, directory: pathlib.Path, implementati
 
     record = dict(record, file=cell["replay"]["file"])
     operation = operation_of(record)
-    source = (getattr(impl.target, "call_source", None) or {}).get(operation) if impl is not None else None
+    source = call_source(impl.target, operation) if impl is not None else None
     script = directory / f"{slug(cell)}.py"
     text, large = script_text(cell, record, implementation.get("declaration", {}), source,
                               adapter_target(impl, implementation))
