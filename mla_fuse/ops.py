@@ -45,6 +45,7 @@ blocks, ``B`` block size, ``P`` table rows):
 
 from __future__ import annotations
 
+import inspect
 from typing import Optional
 
 import torch
@@ -54,10 +55,47 @@ from mla_fuse.kernels import flash_cache, flash_rope_cache, mla_cache, mla_rope_
 
 Tensor = torch.Tensor
 
-# ---------------------------------------------------------------- custom ops (one definition each)
+# ---------------------------------------------------------------- registration (vLLM's direct_register_custom_op)
+
+_LIBRARY = torch.library.Library("mla_fuse", "DEF")  # module-level: the ops live as long as the process
+_KERNEL_KEYS = ("CPU", "CUDA")  # the interpreter runs CPU tensors, the GPU backend CUDA ones (Meta: the fake)
 
 
-@torch.library.custom_op("mla_fuse::rotary_embedding", mutates_args=("query", "key"))
+def _define(name: str, *, mutates_args: tuple[str, ...]):
+    """Register the decorated function as ``torch.ops.mla_fuse.<name>``: the schema inferred from its
+    annotations with ``mutates_args`` written (``Tensor(a!)``), the function itself the kernel of
+    the CPU and CUDA dispatch keys, with the mutated arguments' version counters bumped after it
+    (as an aten in-place op does; the kernels write behind autograd's back). No autograd or
+    ADInplaceOrView Python layers: ``torch.library.custom_op`` adds them to every call, tens of
+    microseconds of host time where a small kernel takes a few."""
+
+    def register(kernel):
+        schema = torch.library.infer_schema(kernel, mutates_args=mutates_args)
+        _LIBRARY.define(name + schema, tags=(torch.Tag.pt2_compliant_tag,))
+        parameters = list(inspect.signature(kernel).parameters)
+        written = [parameters.index(argument) for argument in mutates_args]
+        increment_version = torch.autograd.graph.increment_version
+
+        def run(*args):
+            kernel(*args)
+            increment_version([args[i] for i in written if args[i] is not None])
+
+        for key in _KERNEL_KEYS:
+            _LIBRARY.impl(name, run, key)
+        return kernel
+
+    return register
+
+
+def _fake(name: str):
+    """Register the decorated function as the fake (and Meta kernel) of ``torch.ops.mla_fuse.<name>``."""
+    return torch.library.register_fake(f"mla_fuse::{name}", lib=_LIBRARY)
+
+
+# ---------------------------------------------------------------- the operations (one definition each)
+
+
+@_define("rotary_embedding", mutates_args=("query", "key"))
 def _rotary_embedding(positions: Tensor, query: Tensor, key: Optional[Tensor], head_size: int,
                       cos_sin_cache: Tensor, is_neox: bool) -> None:
     validation.check_rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
@@ -65,13 +103,13 @@ def _rotary_embedding(positions: Tensor, query: Tensor, key: Optional[Tensor], h
     rope_kernel.launch(positions, query, key, head_size, cos_sin_cache, is_neox)
 
 
-@_rotary_embedding.register_fake
+@_fake("rotary_embedding")
 def _(positions, query, key, head_size, cos_sin_cache, is_neox) -> None:
     validation.require_same_device("rotary_embedding", positions=positions, query=query, key=key,
                                    cos_sin_cache=cos_sin_cache)
 
 
-@torch.library.custom_op("mla_fuse::concat_and_cache_mla", mutates_args=("kv_cache",))
+@_define("concat_and_cache_mla", mutates_args=("kv_cache",))
 def _concat_and_cache_mla(kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor, slot_mapping: Tensor, kv_cache_dtype: str,
                           scale: Tensor) -> None:
     validation.check_concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale)
@@ -79,13 +117,13 @@ def _concat_and_cache_mla(kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor, slot_map
     mla_cache.launch(kv_c, k_pe, kv_cache, slot_mapping, validation.fp8_format(kv_cache_dtype), scale)
 
 
-@_concat_and_cache_mla.register_fake
+@_fake("concat_and_cache_mla")
 def _(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale) -> None:
     validation.require_same_device("concat_and_cache_mla", kv_c=kv_c, k_pe=k_pe, kv_cache=kv_cache,
                                    slot_mapping=slot_mapping, scale=scale)
 
 
-@torch.library.custom_op("mla_fuse::concat_and_cache_mla_rope_fused", mutates_args=("q_pe", "k_pe", "kv_cache"))
+@_define("concat_and_cache_mla_rope_fused", mutates_args=("q_pe", "k_pe", "kv_cache"))
 def _concat_and_cache_mla_rope_fused(positions: Tensor, q_pe: Tensor, k_pe: Tensor, kv_c: Tensor,
                                      cos_sin_cache: Tensor, is_neox: bool, slot_mapping: Tensor, kv_cache: Tensor,
                                      kv_cache_dtype: str, kv_cache_scale: Tensor) -> None:
@@ -96,7 +134,7 @@ def _concat_and_cache_mla_rope_fused(positions: Tensor, q_pe: Tensor, k_pe: Tens
                           validation.fp8_format(kv_cache_dtype), kv_cache_scale)
 
 
-@_concat_and_cache_mla_rope_fused.register_fake
+@_fake("concat_and_cache_mla_rope_fused")
 def _(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, slot_mapping, kv_cache, kv_cache_dtype,
       kv_cache_scale) -> None:
     validation.require_same_device("concat_and_cache_mla_rope_fused", positions=positions, q_pe=q_pe, k_pe=k_pe,
@@ -104,7 +142,7 @@ def _(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, slot_mapping, kv_cach
                                    kv_cache=kv_cache, kv_cache_scale=kv_cache_scale)
 
 
-@torch.library.custom_op("mla_fuse::reshape_and_cache_flash", mutates_args=("key_cache", "value_cache"))
+@_define("reshape_and_cache_flash", mutates_args=("key_cache", "value_cache"))
 def _reshape_and_cache_flash(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
                              slot_mapping: Tensor, kv_cache_dtype: str, k_scale: Tensor, v_scale: Tensor) -> None:
     validation.check_reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
@@ -114,15 +152,14 @@ def _reshape_and_cache_flash(key: Tensor, value: Tensor, key_cache: Tensor, valu
                        k_scale, v_scale)
 
 
-@_reshape_and_cache_flash.register_fake
+@_fake("reshape_and_cache_flash")
 def _(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale) -> None:
     validation.require_same_device("reshape_and_cache_flash", key=key, value=value, key_cache=key_cache,
                                    value_cache=value_cache, slot_mapping=slot_mapping, k_scale=k_scale,
                                    v_scale=v_scale)
 
 
-@torch.library.custom_op("mla_fuse::rope_and_reshape_and_cache_flash",
-                         mutates_args=("query", "key", "key_cache", "value_cache"))
+@_define("rope_and_reshape_and_cache_flash", mutates_args=("query", "key", "key_cache", "value_cache"))
 def _rope_and_reshape_and_cache_flash(positions: Tensor, query: Tensor, key: Tensor, value: Tensor,
                                       key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor,
                                       cos_sin_cache: Tensor, is_neox: bool, kv_cache_dtype: str, k_scale: Tensor,
@@ -135,7 +172,7 @@ def _rope_and_reshape_and_cache_flash(positions: Tensor, query: Tensor, key: Ten
                             is_neox, validation.fp8_format(kv_cache_dtype), k_scale, v_scale)
 
 
-@_rope_and_reshape_and_cache_flash.register_fake
+@_fake("rope_and_reshape_and_cache_flash")
 def _(positions, query, key, value, key_cache, value_cache, slot_mapping, cos_sin_cache, is_neox, kv_cache_dtype,
       k_scale, v_scale) -> None:
     validation.require_same_device("rope_and_reshape_and_cache_flash", positions=positions, query=query, key=key,
