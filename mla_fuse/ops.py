@@ -46,6 +46,7 @@ blocks, ``B`` block size, ``P`` table rows):
 from __future__ import annotations
 
 import inspect
+import itertools
 from typing import Optional
 
 import torch
@@ -186,25 +187,25 @@ def _(positions, query, key, value, key_cache, value_cache, slot_mapping, cos_si
 _OPERATIONS = ("rotary_embedding", "concat_and_cache_mla", "concat_and_cache_mla_rope_fused",
                "reshape_and_cache_flash", "rope_and_reshape_and_cache_flash")
 _ENTRY_POINTS = {name: getattr(torch.ops.mla_fuse, name).default for name in _OPERATIONS}
-# per operation: the positions of its tensor arguments, and (position, name, schema type) of the others
-_TENSOR_POSITIONS = {name: [i for i, a in enumerate(op._schema.arguments) if str(a.type) == "Tensor"]
-                     for name, op in _ENTRY_POINTS.items()}
-_OTHER_ARGUMENTS = {name: [(i, a.name, str(a.type)) for i, a in enumerate(op._schema.arguments)
-                          if str(a.type) != "Tensor"] for name, op in _ENTRY_POINTS.items()}
+# per operation: (position, name, schema type) of each argument
+_ARGUMENTS = {name: [(i, a.name, str(a.type)) for i, a in enumerate(op._schema.arguments)]
+              for name, op in _ENTRY_POINTS.items()}
+_TAKEN_AS_GIVEN = {"Tensor": (torch.Tensor,), "Optional[Tensor]": (torch.Tensor, type(None)), "int": (int,),
+                   "bool": (bool,), "str": (str,)}
+# per operation: the tuples of argument types the dispatcher takes unchanged (exact types: a bool is no int)
+_PLAIN_TYPES = {name: set(itertools.product(*(_TAKEN_AS_GIVEN[kind] for _, _, kind in arguments)))
+                for name, arguments in _ARGUMENTS.items()}
 
 
 def _call(name: str, arguments: tuple, check_values: bool | None) -> None:
     """Check what the dispatcher would coerce or reject with a RuntimeError (a non-tensor, ``is_neox``
     not a bool, a non-integral ``head_size``: ``validation.check_argument_type``), then run
     ``torch.ops.mla_fuse.<name>``, which validates everything else, with value checks set by
-    ``check_values`` (``None``: ``MLA_FUSE_CHECK_VALUES`` decides)."""
-    if not all(isinstance(arguments[i], torch.Tensor) for i in _TENSOR_POSITIONS[name]):
-        schema = _ENTRY_POINTS[name]._schema.arguments
-        for i in _TENSOR_POSITIONS[name]:
-            validation.check_argument_type(name, schema[i].name, arguments[i], "Tensor")
-    arguments = list(arguments)
-    for i, argument, kind in _OTHER_ARGUMENTS[name]:
-        arguments[i] = validation.check_argument_type(name, argument, arguments[i], kind)
+    ``check_values`` (``None``: ``MLA_FUSE_CHECK_VALUES`` decides). Arguments of the plain types
+    (tensors, a bool, an int, a str) need no check here: one lookup of their types."""
+    if tuple(map(type, arguments)) not in _PLAIN_TYPES[name]:
+        arguments = [validation.check_argument_type(name, argument, arguments[i], kind)
+                     for i, argument, kind in _ARGUMENTS[name]]
     if check_values is None:
         _ENTRY_POINTS[name](*arguments)
         return
