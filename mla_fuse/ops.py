@@ -1,19 +1,30 @@
-"""The five in-place operations of CONTRACT §4 as ``torch.library`` custom ops (``mla_fuse::*``).
+"""The five in-place operations of CONTRACT §4 as ``torch.library`` ops (``mla_fuse::*``).
 
-Each operation has one custom-op definition (every written buffer in
-``mutates_args``, its fake right below: in-place ops return nothing, so the
-fake only checks that the tensors share a device; a real call that mixes in a
-``meta`` tensor dispatches to it) and one public wrapper of the
-same name and signature plus ``check_values``. The custom op's body validates
-with ``mla_fuse.validation.check_<op>`` and only then launches, so bad input
-raises before anything is written on every path into a kernel: the wrapper,
-and the ``torch.ops.mla_fuse.<op>`` entry point that compiled graphs call
-directly (docs/INPUTS.md lists the rules). The wrapper first checks what the
-dispatcher would otherwise coerce or reject with a RuntimeError (a non-tensor,
-``is_neox`` not a bool, a non-integral ``head_size``), then calls the op with
-value checks switched by ``check_values``. Each wrapper's ``custom_op``
-attribute is its ``torch.ops`` entry point (the suite's bad-input properties
-call it too).
+Each operation has one definition: a typed Python function registered by ``_define`` (its
+schema inferred from the signature, every written buffer declared ``Tensor(a!)``), its fake
+right below (in-place ops return nothing, so the fake only checks that the tensors share a
+device; it is also the Meta kernel, so a real call that mixes in a ``meta`` tensor dispatches
+to it), and one public wrapper of the same name and signature plus ``check_values``. The
+op's body validates with ``mla_fuse.validation.check_<op>`` (once per call) and only then
+launches, so bad input raises before anything is written on every path into a kernel: the
+wrapper, and the ``torch.ops.mla_fuse.<op>`` entry point that compiled graphs call directly
+(docs/INPUTS.md lists the rules). The wrapper first checks what the dispatcher would otherwise
+coerce or reject with a RuntimeError (a non-tensor, ``is_neox`` not a bool, a non-integral
+``head_size``; arguments of the plain Python types cost one lookup), then calls the op with
+value checks switched by ``check_values``. Each wrapper's ``custom_op`` attribute is its
+``torch.ops`` entry point (the suite's bad-input properties call it too).
+
+Registration, as vLLM's ``direct_register_custom_op``: a module-level
+``torch.library.Library("mla_fuse", "DEF")`` that lives as long as the process, ``define`` +
+``impl`` on the CPU (Triton's interpreter) and CUDA dispatch keys, ``register_fake`` with
+``lib=``. Not ``torch.library.custom_op``: it wraps every call in a Python autograd layer and
+a Python ADInplaceOrView layer, 17-40 us of host time per call on a 2-core Xeon, where the
+kernel of a decode step takes 3-5 us on an H200 (docs/INPUTS.md, "What a call costs on the
+host"; ``tests/test_dispatch_cost.py`` keeps it out). The schemas, tags and the graphs
+compiled around the ops (``auto_functionalized``, the passes' patterns) are the same as
+under ``custom_op``; the body bumps the written tensors' version counters as its
+ADInplaceOrView layer did. No autograd formula is registered (the ops serve inference; there
+was none before either).
 
 Shared conventions (named dims: ``T`` tokens, ``H`` query heads, ``Hkv`` KV
 heads, ``D`` head size, ``R`` rotary width, ``L`` latent width, ``NB``

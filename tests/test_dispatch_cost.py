@@ -5,8 +5,8 @@ few microseconds, so every microsecond of Python between the caller and Triton's
 ``torch.library.custom_op`` put two Python layers (autograd, ADInplaceOrView) on each call;
 registering with ``Library.define`` + ``impl`` removed them (``mla_fuse/ops.py``). This test
 keeps the cost from creeping back between GPU runs: with the kernel launch stubbed, it times a
-call on a layout the checks have seen (a serving loop's steady state; ``docs/INPUTS.md``,
-"What the checks cost") against ``REFERENCE``, an op of the same schema whose kernel does
+call on a layout the checks have seen (a serving loop's steady state; docs/INPUTS.md, "What a
+call costs on the host") against ``REFERENCE``, an op of the same schema whose kernel does
 nothing, registered the same way. The reference pays the dispatcher and the boxing of the same
 ten arguments and nothing else, so the ratio is what mla_fuse adds (one validation, the
 version bumps, the wrapper's type check) in units of the dispatcher's own work, and holds on a
