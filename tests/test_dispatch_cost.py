@@ -29,7 +29,7 @@ highest op ratio seen and 1.2x below the lowest doubled one, ``WRAPPER_BUDGET = 
 (1.2x, 1.2x); the old registration fails by 3.5x. Planted and seen failing: the old registration
 (op 19.9x, wrapper 20.7x) and a second ``validation.check_<op>`` in the op's body (6.7x, 7.0x).
 A measurement over budget is taken again (``ATTEMPTS``), so one disturbed measurement does not
-fail the test; a regression fails every one. About 1 s of calls.
+fail the test; a regression fails every one. Under a second of calls.
 """
 
 from __future__ import annotations
