@@ -103,5 +103,5 @@ def jit(fn: Callable | None = None, *, do_not_specialize: Iterable[str] | str = 
     return decorate if fn is None else decorate(fn)
 
 
-__all__ = ["BACKEND", "BACKENDS", "BACKEND_ENV_VAR", "EVERY_ARGUMENT", "INTERPRETED", "INTERPRET_ENV_VAR", "InterpretedHelper",
-           "choose_backend", "jit"]
+__all__ = ["BACKEND", "BACKENDS", "BACKEND_ENV_VAR", "EVERY_ARGUMENT", "INTERPRETED", "INTERPRET_ENV_VAR",
+           "InterpretedHelper", "choose_backend", "jit"]

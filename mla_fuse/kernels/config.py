@@ -71,18 +71,19 @@ def block(size: int) -> int:
     return triton.next_power_of_2(max(size, 1))
 
 
-def rows_aligned(*rows: tuple) -> bool:
-    """Whether every row a kernel moves as vectors starts on a ``VECTOR_BYTES`` boundary.
+def aligned(*byte_values: int) -> bool:
+    """Whether every row a kernel moves as vectors starts on a ``VECTOR_BYTES`` boundary: every
+    value (the tensors' addresses; strides and in-row offsets times the element size) is a
+    multiple of it. Per call (addresses are not part of a layout); one OR and one test.
 
-    Each argument is ``(tensor, *element offsets)``: the tensor's address and each offset (its
-    strides, and where a part of a row starts inside it) times its element size must be multiples
-    of ``VECTOR_BYTES``. Per call: addresses are not part of a layout.
+    ``element_size * (a | b | ...)`` stands for all of ``element_size * a``, ... at once: element
+    sizes are powers of two, so each product is a multiple of 16 exactly when ``a | b | ...`` is
+    a multiple of ``16 / element_size``.
     """
-    for tensor, *offsets in rows:
-        element_size = tensor.element_size()
-        if tensor.data_ptr() % VECTOR_BYTES or any(offset * element_size % VECTOR_BYTES for offset in offsets):
-            return False
-    return True
+    combined = 0
+    for value in byte_values:
+        combined |= value
+    return combined % VECTOR_BYTES == 0
 
 
 def cdiv(a: int, b: int) -> int:

@@ -109,16 +109,18 @@ def launch(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, valu
         key_cache, value_cache = key_cache.view(torch.uint8), value_cache.view(torch.uint8)  # the code bits
     grid, kv_heads_per_program, constexprs = launch_config(num_slots, num_kv_heads, head_size, value_head_size,
                                                            fp8_format)
-    aligned = config.rows_aligned(
-        (key, key.stride(0), key.stride(1)), (value, value.stride(0), value.stride(1)),
-        (key_cache, key_cache.stride(0), key_cache.stride(1), key_cache.stride(2)),
-        (value_cache, value_cache.stride(0), value_cache.stride(1), value_cache.stride(2)))
+    stride_key, stride_value, stride_key_cache, stride_value_cache = (
+        key.stride(), value.stride(), key_cache.stride(), value_cache.stride())
+    aligned = config.aligned(
+        key.data_ptr(), value.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
+        key.element_size() * (stride_key[0] | stride_key[1] | stride_value[0] | stride_value[1]),
+        key_cache.element_size() * (stride_key_cache[0] | stride_key_cache[1] | stride_key_cache[2]
+                                    | stride_value_cache[0] | stride_value_cache[1] | stride_value_cache[2]))
     flash_cache_kernel[grid](
         key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale,
         num_slots, num_kv_heads, kv_heads_per_program, key_cache.size(1), head_size, value_head_size,
-        key.stride(0), key.stride(1), value.stride(0), value.stride(1), slot_mapping.stride(0),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+        stride_key[0], stride_key[1], stride_value[0], stride_value[1], slot_mapping.stride(0),
+        *stride_key_cache[:3], *stride_value_cache[:3],
         config.scale_stride(k_scale), config.scale_stride(v_scale),
         ALIGNED=aligned, **constexprs,
     )

@@ -166,21 +166,27 @@ def launch(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, valu
         key_cache, value_cache = key_cache.view(torch.uint8), value_cache.view(torch.uint8)  # the code bits
     grid, query_heads_per_program, kv_heads_per_program, constexprs = launch_config(
         num_tokens, num_query_heads, num_kv_heads, head_size, value_head_size, rotary_dim, bool(is_neox), fp8_format)
+    half = rotary_dim // 2
     # row starts, NeoX second halves (R/2) and the unrotated tails (R) on 16-byte boundaries
-    inner = (rotary_dim // 2 if is_neox else 0, rotary_dim)
-    aligned = config.rows_aligned(
-        (query, query.stride(0), query.stride(1), *inner), (key, key.stride(0), key.stride(1), *inner),
-        (value, value.stride(0), value.stride(1)), (cos_sin_cache, cos_sin_cache.stride(0), rotary_dim // 2),
-        (key_cache, key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), *inner),
-        (value_cache, value_cache.stride(0), value_cache.stride(1), value_cache.stride(2)))
+    inner = (half if is_neox else 0) | rotary_dim
+    stride_query, stride_key, stride_value = query.stride(), key.stride(), value.stride()
+    stride_table = cos_sin_cache.stride()
+    stride_key_cache, stride_value_cache = key_cache.stride(), value_cache.stride()
+    aligned = config.aligned(
+        query.data_ptr(), key.data_ptr(), value.data_ptr(), cos_sin_cache.data_ptr(), key_cache.data_ptr(),
+        value_cache.data_ptr(),
+        query.element_size() * (stride_query[0] | stride_query[1] | stride_key[0] | stride_key[1] | stride_value[0]
+                                | stride_value[1] | inner),
+        cos_sin_cache.element_size() * (stride_table[0] | half),
+        key_cache.element_size() * (stride_key_cache[0] | stride_key_cache[1] | stride_key_cache[2]
+                                    | stride_value_cache[0] | stride_value_cache[1] | stride_value_cache[2] | inner))
     flash_rope_cache_kernel[grid](
         positions, query, key, value, cos_sin_cache, slot_mapping, key_cache, value_cache, k_scale, v_scale,
         num_tokens, num_query_heads, num_kv_heads, query_heads_per_program, kv_heads_per_program,
-        slot_mapping.size(0), key_cache.size(1), head_size, value_head_size, rotary_dim // 2,
-        positions.stride(0), query.stride(0), query.stride(1), key.stride(0), key.stride(1),
-        value.stride(0), value.stride(1), cos_sin_cache.stride(0), slot_mapping.stride(0),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+        slot_mapping.size(0), key_cache.size(1), head_size, value_head_size, half,
+        positions.stride(0), stride_query[0], stride_query[1], stride_key[0], stride_key[1],
+        stride_value[0], stride_value[1], stride_table[0], slot_mapping.stride(0),
+        *stride_key_cache[:3], *stride_value_cache[:3],
         config.scale_stride(k_scale), config.scale_stride(v_scale),
         ALIGNED=aligned, **constexprs,
     )

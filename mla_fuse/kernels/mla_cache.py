@@ -119,11 +119,13 @@ def launch(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, slot_
     if fp8_format is not None:
         kv_cache = kv_cache.view(torch.uint8)  # same storage and strides; stores the code bits
     grid, constexprs = launch_config(num_slots, latent_dim, rotary_dim, fp8_format)
-    aligned = config.rows_aligned((kv_c, kv_c.stride(0)), (k_pe, k_pe.stride(0)),
-                                  (kv_cache, kv_cache.stride(0), kv_cache.stride(1), latent_dim))
+    stride_kv_c, stride_k, stride_cache = kv_c.stride(), k_pe.stride(), kv_cache.stride()
+    aligned = config.aligned(kv_c.data_ptr(), k_pe.data_ptr(), kv_cache.data_ptr(),
+                             kv_c.element_size() * (stride_kv_c[0] | stride_k[0]),
+                             kv_cache.element_size() * (stride_cache[0] | stride_cache[1] | latent_dim))
     mla_cache_kernel[grid](
         kv_c, k_pe, slot_mapping, kv_cache, scale,
         num_slots, kv_cache.size(1), latent_dim, rotary_dim,
-        kv_c.stride(0), k_pe.stride(0), slot_mapping.stride(0), kv_cache.stride(0), kv_cache.stride(1),
+        stride_kv_c[0], stride_k[0], slot_mapping.stride(0), stride_cache[0], stride_cache[1],
         ALIGNED=aligned, **constexprs,
     )

@@ -125,7 +125,8 @@ def launch_config(num_tokens: int, num_heads: int, rotary_dim: int, latent_dim: 
     """(grid, heads per program, constexprs and options) of a layout; memoized (``config``)."""
     half = rotary_dim // 2
     heads_per_program = config.heads_per_program(num_heads, rotary_dim)
-    block_heads, block_latent, block_half = config.block(heads_per_program), config.block(latent_dim), config.block(half)
+    block_heads = config.block(heads_per_program)
+    block_latent, block_half = config.block(latent_dim), config.block(half)
     block_tokens = config.token_block(num_tokens, block_heads * rotary_dim + latent_dim + rotary_dim)
     # head block 0 also rotates k_pe and writes the cache, so there is one even without query heads
     grid = (config.cdiv(num_tokens, block_tokens), max(config.cdiv(num_heads, heads_per_program), 1))
@@ -148,15 +149,19 @@ def launch(positions: torch.Tensor, q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c
         kv_cache = kv_cache.view(torch.uint8)  # same storage and strides; stores the code bits
     grid, heads_per_program, constexprs = launch_config(num_tokens, num_heads, rotary_dim, latent_dim, bool(is_neox),
                                                         fp8_format)
-    neox_half = rotary_dim // 2 if is_neox else 0  # NeoX rows also move their second half as vectors
-    aligned = config.rows_aligned(
-        (q_pe, q_pe.stride(0), q_pe.stride(1), neox_half), (k_pe, k_pe.stride(0), neox_half), (kv_c, kv_c.stride(0)),
-        (cos_sin_cache, cos_sin_cache.stride(0), rotary_dim // 2),
-        (kv_cache, kv_cache.stride(0), kv_cache.stride(1), latent_dim, neox_half))
+    half = rotary_dim // 2
+    neox_half = half if is_neox else 0  # NeoX rows also move their second half as vectors
+    stride_q, stride_k, stride_kv_c = q_pe.stride(), k_pe.stride(), kv_c.stride()
+    stride_table, stride_cache = cos_sin_cache.stride(), kv_cache.stride()
+    aligned = config.aligned(
+        q_pe.data_ptr(), k_pe.data_ptr(), kv_c.data_ptr(), cos_sin_cache.data_ptr(), kv_cache.data_ptr(),
+        q_pe.element_size() * (stride_q[0] | stride_q[1] | stride_k[0] | stride_kv_c[0] | neox_half),
+        cos_sin_cache.element_size() * (stride_table[0] | half),
+        kv_cache.element_size() * (stride_cache[0] | stride_cache[1] | latent_dim | neox_half))
     mla_rope_cache_kernel[grid](
         positions, q_pe, k_pe, kv_c, cos_sin_cache, slot_mapping, kv_cache, scale,
-        num_tokens, num_heads, heads_per_program, slot_mapping.size(0), kv_cache.size(1), latent_dim, rotary_dim // 2,
-        positions.stride(0), q_pe.stride(0), q_pe.stride(1), k_pe.stride(0), kv_c.stride(0),
-        cos_sin_cache.stride(0), slot_mapping.stride(0), kv_cache.stride(0), kv_cache.stride(1),
+        num_tokens, num_heads, heads_per_program, slot_mapping.size(0), kv_cache.size(1), latent_dim, half,
+        positions.stride(0), stride_q[0], stride_q[1], stride_k[0], stride_kv_c[0],
+        stride_table[0], slot_mapping.stride(0), stride_cache[0], stride_cache[1],
         ALIGNED=aligned, **constexprs,
     )

@@ -83,9 +83,10 @@ def rotary_embedding_kernel(
 
 def _token_and_head_strides(x: torch.Tensor, head_size: int) -> tuple[int, int, int]:
     """(heads, token stride, head stride) of a ``[T, heads, hs]`` or ``[T, heads * hs]`` tensor."""
-    if x.dim() == 3:
-        return x.size(1), x.stride(0), x.stride(1)
-    return x.size(1) // head_size, x.stride(0), head_size
+    size, stride = x.shape, x.stride()
+    if len(size) == 3:
+        return size[1], stride[0], stride[1]
+    return size[1] // head_size, stride[0], head_size
 
 
 @functools.lru_cache(config.LAUNCH_CACHE_SIZE)
@@ -121,16 +122,17 @@ def launch(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | Non
         num_key_heads, stride_key_token, stride_key_head = _token_and_head_strides(key, head_size)
     grid, query_heads_per_program, key_heads_per_program, constexprs = launch_config(
         num_tokens, num_query_heads, num_key_heads, key is not None, rotary_dim, bool(is_neox))
-    neox_half = rotary_dim // 2 if is_neox else 0  # NeoX rows also move their second half as vectors
-    rows = [(query, stride_query_token, stride_query_head, neox_half),
-            (cos_sin_cache, cos_sin_cache.stride(0), rotary_dim // 2)]
-    if key is not None:
-        rows.append((key, stride_key_token, stride_key_head, neox_half))
-    aligned = config.rows_aligned(*rows)
+    half = rotary_dim // 2
+    neox_half = half if is_neox else 0  # NeoX rows also move their second half as vectors
+    stride_table = cos_sin_cache.stride(0)
+    aligned = config.aligned(
+        query.data_ptr(), 0 if key is None else key.data_ptr(), cos_sin_cache.data_ptr(),
+        query.element_size() * (stride_query_token | stride_query_head | stride_key_token | stride_key_head
+                                | neox_half),
+        cos_sin_cache.element_size() * (stride_table | half))
     rotary_embedding_kernel[grid](
         positions, query, query if key is None else key, cos_sin_cache,
-        num_tokens, num_query_heads, num_key_heads, query_heads_per_program, key_heads_per_program, rotary_dim // 2,
-        positions.stride(0), stride_query_token, stride_query_head, stride_key_token, stride_key_head,
-        cos_sin_cache.stride(0),
+        num_tokens, num_query_heads, num_key_heads, query_heads_per_program, key_heads_per_program, half,
+        positions.stride(0), stride_query_token, stride_query_head, stride_key_token, stride_key_head, stride_table,
         ALIGNED=aligned, **constexprs,
     )
