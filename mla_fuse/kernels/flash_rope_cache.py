@@ -31,17 +31,17 @@ Operands (element strides; the innermost stride is 1 everywhere):
   value_cache   [NB, B, Hkv, Dv]  as key_cache                      stride_value_cache_{block,entry,head}
   k_scale, v_scale  [1] or [Hkv]  fp32           stride_k_scale, stride_v_scale (0 for [1])
 
-Compiled variants (docs/DESIGN.md): ``R/2``, the tail ``D - R`` and ``Dv`` are runtime values
-masked inside the power-of-two tiles ``BLOCK_HALF``, ``BLOCK_TAIL``, ``BLOCK_VALUE_HEAD``;
-``FULL_*`` says a size fills its tile, and then the kernel uses the tile width itself (no mask,
-no clamp: the code of a constexpr size; ``FULL_HEAD``: both ``R/2`` and the tail do, so ``D`` is
-``2 * BLOCK_HALF + BLOCK_TAIL``). Every integer is int64 (annotated: no i32/i64 variants). Not
-specialised (no key, nothing to gain): token, head and slot counts, the block size, the
-position, slot_mapping and scale strides, the alignment of the positions, slot_mapping and scale
-pointers (scalar loads). Specialised on purpose: the 16-byte alignment of query, key, value, the
-table and both caches, and the divisibility by 16 of their strides and of ``D``, ``Dv`` and
-``R/2`` (NeoX's second half starts at ``R/2``, the tail at ``R``): that is what lets rows move as
-16-byte vectors.
+Compiled variants (docs/DESIGN.md): ``R/2``, the tail ``D - R`` and ``Dv`` are runtime values masked
+inside the power-of-two tiles ``BLOCK_HALF``, ``BLOCK_TAIL``, ``BLOCK_VALUE_HEAD``; ``FULL_*`` says
+a size fills its tile, and then the kernel uses the tile width itself (no mask, no clamp: the code
+of a constexpr size; ``FULL_HEAD``: both ``R/2`` and the tail do, so ``D`` is ``2 * BLOCK_HALF +
+BLOCK_TAIL``). Every argument is out of Triton's specialisation (``do_not_specialize`` and
+``do_not_specialize_on_alignment``, all int64): no integer's value and no single pointer's alignment
+makes a new kernel. What a GPU gains from alignment, 16-byte vector loads and stores, needs every
+row aligned at once, so the launcher checks all of them (addresses, strides and in-row offsets of
+query, key, value, the table and both caches; NeoX's second halves at ``R/2``, the tails at ``R``)
+and passes one constexpr ``ALIGNED``; the kernel then marks its full tiles' pointers with
+``tl.multiple_of``. Compiled variants: dtypes, formats, flags and tiles only.
 """
 
 from __future__ import annotations

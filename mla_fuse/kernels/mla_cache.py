@@ -18,14 +18,16 @@ Operands (element strides; the innermost stride is 1 everywhere):
   kv_cache      [NB, B, L + R]   in dtype, or uint8 codes for fp8   stride_cache_block, stride_cache_entry
   scale         [1]              fp32
 
-Compiled variants (docs/DESIGN.md): the sizes ``L`` and ``R`` are runtime values masked inside
-the power-of-two tiles ``BLOCK_LATENT`` and ``BLOCK_ROTARY``; ``FULL_*`` says a size fills its
-tile, and then the kernel uses the tile width itself (no mask, no clamp: the code of a constexpr
-size). Every integer is int64 (annotated: no i32/i64 variants). Not specialised (no key, nothing
-to gain): token and slot counts, the block size, the slot_mapping stride, and the alignment of
-the slot_mapping and scale pointers (scalar loads). Specialised on purpose: the 16-byte alignment
-of ``kv_c``, ``k_pe`` and the cache and the divisibility by 16 of their strides and of ``L``, ``R``
-(``k_pe`` lands at ``L`` in the entry): that is what lets the rows move as 16-byte vectors.
+Compiled variants (docs/DESIGN.md): the sizes ``L`` and ``R`` are runtime values masked inside the
+power-of-two tiles ``BLOCK_LATENT`` and ``BLOCK_ROTARY``; ``FULL_*`` says a size fills its tile, and
+then the kernel uses the tile width itself (no mask, no clamp: the code of a constexpr size). Every
+argument is out of Triton's specialisation (``do_not_specialize`` and
+``do_not_specialize_on_alignment``, all int64): no integer's value and no single pointer's alignment
+makes a new kernel. What a GPU gains from alignment, 16-byte vector loads and stores, needs every
+row aligned at once, so the launcher checks all of them (addresses, strides and in-row offsets of
+``kv_c``, ``k_pe`` and the cache; ``k_pe`` lands at ``L`` in the entry) and passes one constexpr
+``ALIGNED``; the kernel then marks its full tiles' pointers with ``tl.multiple_of``. Compiled
+variants: dtypes, formats, flags and tiles only.
 """
 
 from __future__ import annotations

@@ -20,14 +20,15 @@ Operands (element strides; the innermost stride is 1 everywhere):
   key           [T, Hkv, hs] or [T, Hkv * hs], opt.  query dtype    stride_key_token, stride_key_head
   cos_sin_cache [P, R]                               fp32/in dtype  stride_cos_sin_position
 
-Compiled variants (docs/DESIGN.md): ``R/2`` is a runtime value masked inside the power-of-two
-tile ``BLOCK_HALF``; ``FULL_HALF`` says it fills the tile, and then the kernel uses the tile width
-itself (no mask, no clamp: the code of a constexpr size). Every integer is int64 (annotated: no
-i32/i64 variants). Not specialised (no key, nothing to gain): token and head counts, the
-positions stride and the positions pointer's alignment (scalar loads). Specialised on purpose:
-the 16-byte alignment of ``query``, ``key`` and the table, and the divisibility by 16 of their
-strides and of ``R/2`` (NeoX's second half starts at ``R/2``): that is what lets the rotary rows
-move as 16-byte vectors.
+Compiled variants (docs/DESIGN.md): ``R/2`` is a runtime value masked inside the power-of-two tile
+``BLOCK_HALF``; ``FULL_HALF`` says it fills the tile, and then the kernel uses the tile width itself
+(no mask, no clamp: the code of a constexpr size). Every argument is out of Triton's specialisation
+(``do_not_specialize`` and ``do_not_specialize_on_alignment``, all int64): no integer's value and no
+single pointer's alignment makes a new kernel. What a GPU gains from alignment, 16-byte vector loads
+and stores, needs every row aligned at once, so the launcher checks all of them (addresses, strides
+and in-row offsets of ``query``, ``key`` and the table; NeoX's second halves at ``R/2``) and passes
+one constexpr ``ALIGNED``; the kernel then marks its full tiles' pointers with ``tl.multiple_of``.
+Compiled variants: dtypes, formats, flags and tiles only.
 """
 
 from __future__ import annotations
