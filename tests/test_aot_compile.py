@@ -14,7 +14,8 @@ On the compiled code it checks what the design relies on:
 * every pointer offset is int64 (tokens * heads * dims may pass 2^31);
 * fp8 variants divide with ``div.rn.f32`` (IEEE), never an approximate division;
 * no FMA contraction (``enable_fp_fusion=False``: GPU and interpreter round alike);
-* 16-byte vector loads and stores for the rotary rows;
+* 16-byte vector loads and stores for the rotary rows (the kernels leave alignment out of Triton's
+  specialisation; their ``ALIGNED`` constexpr, set by the launcher, marks aligned rows instead);
 * no local-memory spills (when the bundled cuobjdump can read the cubin).
 """
 
