@@ -28,6 +28,7 @@ does; the compile-pass property compiles the same way) under a fresh cache key (
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import sys
 import time
@@ -136,9 +137,16 @@ def run(model, caches: Caches, step: Step, *, mark_dynamic: bool = True) -> torc
 
 
 def differing_layers(a: Caches, b: Caches) -> list[str]:
-    """Names of the layers whose caches differ in any byte (the whole pool is compared layer by layer)."""
-    return [name for name in a.layers
-            if not torch.equal(a.layers[name].kv_cache.view(torch.uint8), b.layers[name].kv_cache.view(torch.uint8))]
+    """The layers whose caches differ in any byte (the whole pool is compared layer by layer), each as
+    ``name (N bytes, max |a - b| = x)``."""
+    differ = []
+    for name in a.layers:
+        x, y = a.layers[name].kv_cache, b.layers[name].kv_cache
+        bytes_differ = int((x.view(torch.uint8) != y.view(torch.uint8)).sum())
+        if bytes_differ:
+            largest = float((x.float() - y.float()).abs().nan_to_num(float("inf")).max())
+            differ.append(f"{name} ({bytes_differ} bytes, max |diff| {largest:.3g})")
+    return differ
 
 
 def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -159,8 +167,8 @@ class Outcome:
 def describe_error(error: BaseException) -> str:
     """``Type: first line``, of the innermost cause when the compile wraps it (``BackendCompilerFailed``)."""
     inner = error
-    while inner.__cause__ is not None:
-        inner = inner.__cause__
+    while (deeper := getattr(inner, "inner_exception", None) or inner.__cause__) is not None:
+        inner = deeper
     first = (str(inner).strip().splitlines() or [""])[0][:200]
     wrapped = f" (in {type(error).__name__})" if inner is not error else ""
     return f"{type(inner).__name__}: {first}{wrapped}"
@@ -299,8 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_grad_enabled(False)
     checks = Checks(shape, device)
     start = time.perf_counter()
-    with torch.compiler.config.patch(cache_key_tag=f"mla_fuse-gpu-compile-check-{uuid.uuid4().hex}"), \
-            torch._inductor.config.patch(emulate_precision_casts=True):
+    fresh_key = (torch.compiler.config.patch(cache_key_tag=f"mla_fuse-gpu-compile-check-{uuid.uuid4().hex}")
+                 if hasattr(torch.compiler.config, "cache_key_tag") else contextlib.nullcontext())
+    with fresh_key, torch._inductor.config.patch(emulate_precision_casts=True):
         checks.run("eager", checks.eager)
         checks.run("O1", checks.o1)
         checks.run("O2 fuses", checks.o2_fuses)
