@@ -168,7 +168,8 @@ def test_a_decoder_that_returns_only_its_output_fuses_every_layer(is_neox, rotar
                                             value_cache=torch.zeros(4, 4, 1, 16, **bf16))
                 for i in range(2)}
 
-    positions, hidden = torch.tensor([3, 7, 1, 60, 5], device=DEVICE), torch.randn(5, 32, dtype=torch.bfloat16).to(DEVICE)
+    positions = torch.tensor([3, 7, 1, 60, 5], device=DEVICE)
+    hidden = torch.randn(5, 32, dtype=torch.bfloat16).to(DEVICE)
     slots = {f"layers.{i}": torch.arange(5, device=DEVICE) + 3 * i for i in range(2)}
     torch._dynamo.reset()
     compiled = mc.compile(model, backend="light")

@@ -123,9 +123,10 @@ READERS_OF_THE_BUFFER = ("second_reader", "second_split_reader")  # read the pro
 
 
 def build_model(spec: ModelSpec, use_custom_op: bool | None = None) -> ToyModel:
-    """The spec's model with seeded weights, on the kernels' device. ``use_custom_op=True`` gives the eager reference: the
-    unfused kernels, except in a layer of ``READERS_OF_THE_BUFFER``, whose reader sees the buffer the
-    rope wrote in place (custom op) or left alone (native forms), so its reference keeps the spec's form."""
+    """The spec's model with seeded weights, on the kernels' device. ``use_custom_op=True`` gives the
+    eager reference: the unfused kernels, except in a layer of ``READERS_OF_THE_BUFFER``, whose reader
+    sees the buffer the rope wrote in place (custom op) or left alone (native forms), so its reference
+    keeps the spec's form."""
     torch.manual_seed(spec.seed)
     shared: dict = {}
     layers = []

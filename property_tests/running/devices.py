@@ -2,6 +2,9 @@
 
 Under pytest-xdist on a machine with several GPUs, worker ``gwN`` uses device
 ``N % device_count``. ``$MLA_FUSE_DEVICE`` overrides the choice (``cpu``, ``cuda:1``).
+
+The compile-pass kit has no choice to make: its models go where mla_fuse's own kernels run
+(``kernels_device``), and ``allocated_bytes`` counts what a step allocates on that device.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ def select_device() -> torch.device:
     return torch.device("cuda", index % torch.cuda.device_count())
 
 
-# ------------------------------------------------------------------ the kernels' device, and what a step allocates there
+# ------------------------------------------------------------------ the kernels' device, what a step allocates there
 
 
 def kernels_device() -> torch.device:
