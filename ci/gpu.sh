@@ -8,9 +8,12 @@
 #   MLA_FUSE_WHEELS=DIR  installs the wheels in DIR (mla_fuse's, any of the test extra the machine
 #                        lacks), no index, no dependencies, into that python3's own environment
 #                        (make them where pip works: `pip wheel --no-deps -w DIR .`).
-# MLA_FUSE_GPU_STEPS     the steps, in order (default: "verify bench test")
-# MLA_FUSE_GPU_TESTS     the test step's tests/ files (default: those that build their tensors on the
-#                        kernels' device; the others build CPU models and run in the CPU job)
+# MLA_FUSE_GPU_STEPS     the steps, in order (default: "verify bench test compile")
+# MLA_FUSE_GPU_TESTS     the test step's tests/ files (default: the kernel and op tests that build their
+#                        tensors on the kernels' device; the compile step runs the pass tests)
+# compile step:          ci/gpu_compile_check.py (a DeepSeek-shaped decoder through Inductor's Triton code
+#                        generation, O2 vs O1 bitwise, CUDA graph replay) and the pass tests of tests/, which
+#                        build their models on the kernels' device
 # MLA_FUSE_STEP_SECONDS  a limit per step (default: none); a step past it counts as failed
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +28,7 @@ print("torch", torch.__version__, "triton", triton.__version__, "hypothesis", hy
       "mla_fuse", mla_fuse.__version__, "device", torch.cuda.get_device_name() if torch.cuda.is_available() else "none")'
 limit=(timeout "${MLA_FUSE_STEP_SECONDS:-0}")
 failed=()
-for step in ${MLA_FUSE_GPU_STEPS:-verify bench test}; do
+for step in ${MLA_FUSE_GPU_STEPS:-verify bench test compile}; do
   echo "== $step ($(date -u +%H:%M:%S))"
   case $step in
     verify) "${limit[@]}" mla-fuse verify --profile gpu --report-dir reports/verify-gpu -n auto ;;
@@ -35,7 +38,11 @@ for step in ${MLA_FUSE_GPU_STEPS:-verify bench test}; do
           "${limit[@]}" python3 -m pytest -n auto --hypothesis-profile=mla_fuse.gpu \
             --junitxml=reports/pytest-gpu-tests.xml ${MLA_FUSE_GPU_TESTS:-tests/test_kernels.py tests/test_custom_ops.py \
             tests/test_overlap.py tests/test_bad_input_crashes.py} && [ $suite -eq 0 ] ;;
-    *) echo "unknown step: $step (verify, bench, test)"; false ;;
+    compile) "${limit[@]}" python3 ci/gpu_compile_check.py; check=$?
+             "${limit[@]}" python3 -m pytest -n auto --hypothesis-profile=mla_fuse.gpu \
+               --junitxml=reports/pytest-gpu-passes.xml tests/test_passes_mla.py tests/test_passes_mha.py \
+               tests/test_pass_regressions.py tests/test_pass_situations.py && [ $check -eq 0 ] ;;
+    *) echo "unknown step: $step (verify, bench, test, compile)"; false ;;
   esac || failed+=("$step")
 done
 echo "== done ($(date -u +%H:%M:%S)); failed: ${failed[*]:-none}"
