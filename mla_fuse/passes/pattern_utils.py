@@ -289,6 +289,16 @@ def _copy_with_layer(gm: fx.GraphModule, traced: str, layer: str) -> fx.GraphMod
     return fx.GraphModule(gm, graph)
 
 
+# torch 2.13 added ``register_replacement(..., pattern_name=)`` (a label for Inductor's per-pattern
+# telemetry, nothing else); torch 2.11 and 2.12 reject the keyword. Read torch's signature once.
+_ACCEPTS_PATTERN_NAME = "pattern_name" in inspect.signature(pm.register_replacement).parameters
+
+
+def _pattern_name_option(name: str) -> dict[str, str]:
+    """``{"pattern_name": name}`` where this torch's ``register_replacement`` takes it, else nothing."""
+    return {"pattern_name": name} if _ACCEPTS_PATTERN_NAME else {}
+
+
 def _plain(method, argnames: list[str]):
     """``method`` as a function with its signature (torch wraps bound methods in a fresh function;
     a function of ours lets ``MatchTraces`` tell the replacement from the search pattern)."""
@@ -321,7 +331,7 @@ def register_cached(pattern, key: tuple, patterns: pm.PatternMatcherPass,
 
         with fake_mode():
             pm.register_replacement(search, replace, [*pattern.example_inputs(), PATTERN_LAYER_NAME], trace_fn,
-                                    scratch, extra_check=pattern.extra_check, pattern_name=pattern.name)
+                                    scratch, extra_check=pattern.extra_check, **_pattern_name_option(pattern.name))
         entries = [entry for listed in scratch.patterns.values() for entry in listed]
         for entry in entries:
             entry.pattern = _layer_name_wildcard(entry.pattern, pm.KeywordArg(LAYER_NAME_ARG))
