@@ -20,6 +20,8 @@ PIN_SETS=(
     "torch==2.14.1 triton==3.8.0"
     "torch==2.14.0 triton==3.8.0"
     "torch==2.13.0 triton==3.7.1"                    # the CUDA build of torch 2.13.0 requires triton 3.7.1
+    "torch==2.12.1 triton==3.7.1"                    # engines pinned to torch 2.12
+    "torch==2.11.0 triton==3.6.0"                    # the floor: engines pinned to torch 2.11
 )
 if [ $# -gt 0 ]; then
     PIN_SETS=("$@")

@@ -6,14 +6,19 @@
 #   ci/nightly.sh export        the whole shared database as reports/fuzz-database.zip
 #   ci/nightly.sh engine-torch  the engine leg (ci/version_leg.sh engine): torch 2.14.1 + triton 3.8.0,
 #                               what vLLM 0.33 and SGLang 0.5.23 install (docs/VERSIONS.md)
+#   ci/nightly.sh floor-torch   ci/version_leg.sh floor-torch: torch 2.11.0 (the floor) + triton 3.6.0
+#   ci/nightly.sh newest-torch  ci/version_leg.sh newest-torch: torch 2.15.0 + triton 3.9.0
+# The three torch legs install a CUDA build of torch (several GB) and run on a CPU (Triton's
+# interpreter): the compile passes' unit tests, the kernels' tests and the conformance suite.
 # The shared database is $MLA_FUSE_HYPOTHESIS_DB (redis://[:password@]host:port/db).
 # The campaign installs the CUDA build of torch 2.13.0 (the CPU pin of .ci/run would not see the
 # GPUs) with the triton it requires (3.7.1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ "${1:-}" = engine-torch ]; then
-    exec bash ci/version_leg.sh engine
-fi
+case "${1:-}" in
+    engine-torch) exec bash ci/version_leg.sh engine ;;
+    floor-torch | newest-torch) exec bash ci/version_leg.sh "$1" ;;
+esac
 : "${MLA_FUSE_HYPOTHESIS_DB:?set MLA_FUSE_HYPOTHESIS_DB to the shared database (redis://host:port/db)}"
 python3 -m venv .venv && . .venv/bin/activate
 pip install -q torch==2.13.0 -e ".[fuzz]"
@@ -25,6 +30,6 @@ case "${1:-}" in
         mkdir -p reports
         mla-fuse db export reports/fuzz-database.zip --db "$MLA_FUSE_HYPOTHESIS_DB" ;;
     *)
-        echo "usage: ci/nightly.sh campaign|export|engine-torch" >&2
+        echo "usage: ci/nightly.sh campaign|export|engine-torch|floor-torch|newest-torch" >&2
         exit 2 ;;
 esac

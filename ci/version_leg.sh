@@ -3,25 +3,37 @@
 # this checkout's `.[test]` (nothing else: what a team's gate installs), then the kernels' unit
 # tests and the conformance suite (ci profile) on it. The main test command (.ci/run) runs the
 # newest triton and hypothesis; this runs the other ends of the ranges (docs/VERSIONS.md).
-#   ci/version_leg.sh oldest   torch 2.13.0, triton 3.7.1, hypothesis 6.139.0: the floors of
-#                              pyproject.toml. Every change (.ci/run); about 7 minutes on the 2-core
-#                              development machine. The compile-pass property is left out: it
-#                              exercises torch's Inductor (the same torch as the main leg), not
-#                              triton, and takes over ten minutes on a CPU.
+#   ci/version_leg.sh oldest   torch 2.13.0 (the CPU build, which requires no triton), triton 3.6.0,
+#                              hypothesis 6.139.0: the triton and hypothesis floors of pyproject.toml.
+#                              Every change (.ci/run); about 7 minutes on the 2-core development
+#                              machine. The compile-pass property is left out: it exercises torch's
+#                              Inductor (the same torch as the main leg), not triton, and takes over
+#                              ten minutes on a CPU.
 #   ci/version_leg.sh newest   torch 2.13.0, triton 3.9.0, the newest hypothesis below 7: the test
 #                              command runs hypothesis 6.157.0 (the fuzz extra's ceiling: hypofuzz
 #                              25.11), so the test extra's own top is run here. Every change.
 #   ci/version_leg.sh engine   torch 2.14.1 (the CUDA build PyPI serves: several GB, so nightly),
 #                              triton 3.8.0, the newest hypothesis: what vLLM 0.33 and SGLang 0.5.23
 #                              install. Adds the compile passes' unit tests and property.
+#   ci/version_leg.sh floor-torch  torch 2.11.0 (pyproject's torch floor; the CUDA build, several GB:
+#                              nightly) with triton 3.6.0, the pair it requires: the engine leg's
+#                              tests but the compile-pass property (see below). Engines pinned to
+#                              torch 2.11 install this pair.
+#   ci/version_leg.sh newest-torch torch 2.15.0 (the newest release when this was written; nightly)
+#                              with triton 3.9.0, the triton it requires: the engine leg's tests.
 # Without a GPU the kernels run on Triton's interpreter.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CI=true
 
+# The compile passes' unit tests (the legs that change torch run them; the others keep the torch of
+# the test command).
+PASS_TESTS=(tests/test_passes_unit.py tests/test_passes_mla.py tests/test_passes_mha.py
+            tests/test_pass_regressions.py tests/test_pass_engine_caches.py tests/test_torch_versions.py)
+
 case "${1:-}" in
     oldest)
-        pins=(torch==2.13.0 triton==3.7.1 hypothesis==6.139.0)
+        pins=(torch==2.13.0 triton==3.6.0 hypothesis==6.139.0)
         unit_tests=()
         suite_selection=(-k "not test_compile_passes") ;;
     newest)
@@ -30,11 +42,30 @@ case "${1:-}" in
         suite_selection=(-k "not test_compile_passes") ;;
     engine)
         pins=(torch==2.14.1 triton==3.8.0)
-        unit_tests=(tests/test_passes_unit.py tests/test_passes_mla.py tests/test_passes_mha.py
-                    tests/test_pass_regressions.py tests/test_pass_engine_caches.py)
+        unit_tests=("${PASS_TESTS[@]}")
+        suite_selection=() ;;
+    floor-torch)
+        pins=(torch==2.11.0 triton==3.6.0)
+        unit_tests=("${PASS_TESTS[@]}")
+        # Inductor 2.11 itself, no pass running (level 0 too), gives other bits than eager for
+        # models that round to bf16 and widen again (docs/PASSES.md, "torch versions"): the tests
+        # that compare such models' compiled bits with eager cannot judge the passes here. Their
+        # owner marks them xfail(strict) on torch < 2.13; until then they are left out here.
+        unit_tests+=(--deselect "tests/test_passes_mla.py::test_off_in_each_near_miss[second_reader]"
+                     --deselect "tests/test_passes_mha.py::test_off_in_each_near_miss[second_reader]")
+        suite_selection=(-k "not test_compile_passes") ;;
+    newest-torch)
+        pins=(torch==2.15.0 triton==3.9.0)
+        unit_tests=("${PASS_TESTS[@]}")
+        # torch 2.15 re-reads a rope's write-back with slices, so split coalescing has no duplicate
+        # re-splits to merge (docs/PASSES.md): these three assert it merged some (the fusion and the
+        # bits are checked, and right); left out until their owner conditions that count on torch.
+        unit_tests+=(--deselect "tests/test_passes_mha.py::test_fuses_and_matches_eager[op-neox]"
+                     --deselect "tests/test_passes_mha.py::test_fuses_and_matches_eager[op-partial]"
+                     --deselect "tests/test_passes_mha.py::test_fuses_and_matches_eager[op-gptj-fp8]")
         suite_selection=() ;;
     *)
-        echo "usage: ci/version_leg.sh oldest|newest|engine" >&2
+        echo "usage: ci/version_leg.sh oldest|newest|engine|floor-torch|newest-torch" >&2
         exit 2 ;;
 esac
 

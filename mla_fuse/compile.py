@@ -26,11 +26,17 @@ copy of the graph right after them.
 Both backends pin ``torch._inductor.config.enable_auto_functionalized_v2 = False``:
 the passes match the v1 form (mutations of views appear as ``slice_scatter`` on the
 base), whatever torch's default is.
+
+torch 2.11 to 2.15 (docs/VERSIONS.md). On torch 2.11 and 2.12 the first compile warns once
+(``TorchVersionWarning``): their Inductor drops the rounding of a narrowing cast between two
+widening ones, so such a model's compiled bits can differ from eager's; the passes are unaffected.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -43,6 +49,33 @@ from mla_fuse.passes.pass_manager import PostGradPassManager
 BACKENDS = ("inductor", "light")
 PINNED_INDUCTOR_CONFIG = {"enable_auto_functionalized_v2": False}
 FX_CACHE_HIT_COUNTER = "fxgraph_cache_hit"
+
+
+# Inductor's joint-graph rewrite ``pointless_convert`` turns ``x.to(bf16).float()`` of an fp32 ``x`` into
+# ``x`` on torch 2.11 and 2.12 (``emulate_precision_casts`` or not); torch 2.13 keeps the rounding.
+ROUNDING_KEPT_SINCE = (2, 13)
+
+
+class TorchVersionWarning(UserWarning):
+    """This torch compiles with a difference from the newest supported ones (named in the message)."""
+
+
+def torch_release(version: str | None = None) -> tuple[int, int]:
+    """``(major, minor)`` of ``torch.__version__`` (or of ``version``)."""
+    major, minor = (version or torch.__version__).split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
+@functools.cache
+def warn_for_this_torch() -> None:
+    """Once per process: what this torch's Inductor does that torch 2.13+ does not."""
+    if torch_release() < ROUNDING_KEPT_SINCE:
+        warnings.warn(
+            f"mla_fuse.compile on torch {torch.__version__}: torch 2.11 and 2.12's Inductor drops the rounding "
+            "of a narrowing cast between two widening ones (x.to(bfloat16).float() -> x, joint-graph "
+            "pointless_convert), so a compiled model that rounds and widens again may differ from eager in "
+            "the last bits; torch >= 2.13 keeps the rounding. The fusion passes are unaffected "
+            "(docs/VERSIONS.md).", TorchVersionWarning, stacklevel=3)
 
 
 @dataclasses.dataclass
@@ -77,6 +110,7 @@ class MlaFuseBackend:
     def __init__(self, config: FusionConfig | None = None, backend: str = "inductor") -> None:
         if backend not in BACKENDS:
             raise ValueError(f"mla_fuse.compile: backend must be one of {BACKENDS}, got {backend!r}")
+        warn_for_this_torch()
         self.config = config or FusionConfig()
         self.backend = backend
         self.pass_manager = PostGradPassManager(self.config)

@@ -68,13 +68,17 @@ def floors() -> dict[str, str]:
     return dict(re.findall(r'"([a-z][a-z0-9_-]*)>=([0-9.]+)', (ROOT / "pyproject.toml").read_text()))
 
 
-def test_the_oldest_leg_installs_the_floors_of_pyproject():
+@pytest.mark.parametrize("leg, names", [
+    ("oldest", ("triton", "hypothesis")),   # every change, on the torch 2.13 CPU build (no triton requirement)
+    ("floor-torch", ("torch", "triton")),   # nightly: the floor's CUDA torch is several GB (docs/VERSIONS.md)
+])
+def test_the_oldest_legs_install_the_floors_of_pyproject(leg, names):
     script = (ROOT / "ci" / "version_leg.sh").read_text()
-    oldest = re.search(r"oldest\)\s*\n\s*pins=\(([^)]*)\)", script).group(1).split()
+    oldest = re.search(leg + r"\)\s*\n\s*pins=\(([^)]*)\)", script).group(1).split()
     pins = dict(pin.split("==") for pin in oldest)
-    for name in ("torch", "triton", "hypothesis"):
+    for name in names:
         pin, floor = ([int(part) for part in version.split(".")] for version in (pins[name], floors()[name]))
-        assert pin == floor + [0] * (len(pin) - len(floor)), f"the oldest leg runs {name} {pins[name]}, " \
+        assert pin == floor + [0] * (len(pin) - len(floor)), f"the {leg} leg runs {name} {pins[name]}, " \
                                                            f"the floor is {floors()[name]}"
 
 

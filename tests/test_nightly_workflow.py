@@ -71,13 +71,21 @@ def test_the_script_runs_a_campaign_and_an_export_that_mla_fuse_accepts():
     assert (export.action, export.db) == ("export", "redis://127.0.0.1:6379/0")
 
 
-def test_the_engine_leg_runs_nightly_on_a_cpu_runner_with_the_ci_sizes():
-    """torch 2.14.1 + triton 3.8.0 (docs/VERSIONS.md): several GB of CUDA wheels, so nightly; the
-    interpreter needs no GPU, and the campaign's large sizes and shared database are not for it."""
-    job = workflow()["jobs"]["engine-torch"]
+def test_the_torch_legs_run_nightly_on_a_cpu_runner_with_the_ci_sizes():
+    """The engine leg (torch 2.14.1 + triton 3.8.0), the torch floor (2.11.0 + 3.6.0) and the newest
+    torch (2.15.0 + 3.9.0), docs/VERSIONS.md: several GB of CUDA wheels each, so nightly; the
+    interpreter needs no GPU, and the campaign's large sizes and shared database are not for them."""
+    job = workflow()["jobs"]["torch-legs"]
     assert "gpu" not in job["runs-on"]
     assert job["env"]["MLA_FUSE_PROPERTY_SIZES"] == "small" and job["env"]["MLA_FUSE_HYPOTHESIS_DB"] == ""
-    assert [step["run"] for step in job["steps"] if "run" in step] == ["bash ci/nightly.sh engine-torch"]
+    assert job["strategy"]["fail-fast"] is False
+    assert job["strategy"]["matrix"]["leg"] == ["engine-torch", "floor-torch", "newest-torch"]
+    assert [step["run"] for step in job["steps"] if "run" in step] == ["bash ci/nightly.sh ${{ matrix.leg }}"]
+    nightly = SCRIPT.read_text()
+    assert "engine-torch) exec bash ci/version_leg.sh engine" in nightly
+    assert "floor-torch | newest-torch) exec bash ci/version_leg.sh \"$1\"" in nightly
     script = (ROOT / "ci" / "version_leg.sh").read_text()
-    assert re.search(r"engine\)\s*\n\s*pins=\(torch==2\.14\.1 triton==3\.8\.0\)", script)
+    for leg, pins in (("engine", r"torch==2\.14\.1 triton==3\.8\.0"), ("floor-torch", r"torch==2\.11\.0 triton==3\.6\.0"),
+                      ("newest-torch", r"torch==2\.15\.0 triton==3\.9\.0")):
+        assert re.search(leg + r"\)\s*\n\s*pins=\(" + pins + r"\)\s*\n\s*unit_tests=\(\"\$\{PASS_TESTS\[@\]\}\"\)", script), leg
     subprocess.run(["bash", "-n", str(ROOT / "ci" / "version_leg.sh")], check=True)

@@ -289,6 +289,29 @@ def _copy_with_layer(gm: fx.GraphModule, traced: str, layer: str) -> fx.GraphMod
     return fx.GraphModule(gm, graph)
 
 
+# torch 2.13 added ``register_replacement(..., pattern_name=)`` (a label for Inductor's per-pattern
+# telemetry, nothing else); torch 2.11 and 2.12 reject the keyword. Read torch's signature once.
+_ACCEPTS_PATTERN_NAME = "pattern_name" in inspect.signature(pm.register_replacement).parameters
+
+
+def _init_inductor_patterns() -> None:
+    """Register Inductor's own joint-graph patterns now, not from inside our ``register_replacement``.
+    ``canonicalize`` runs Inductor's joint-graph passes on each traced pattern, and their first run
+    for an input device (``joint_graph.lazy_init``, cached per device) registers Inductor's patterns
+    through ``gen_pattern_and_search_gm``, whose ``functorch_config.patch`` decorator torch 2.11 and
+    2.12 refuse to enter twice ("prior should be empty when entering ConfigPatch"). Inductor calls
+    it with the graph's device; ``canonicalize`` with none, so on real Inductor the first pattern
+    trace was that nested first run."""
+    from torch._inductor.fx_passes.joint_graph import lazy_init
+
+    lazy_init()
+
+
+def _pattern_name_option(name: str) -> dict[str, str]:
+    """``{"pattern_name": name}`` where this torch's ``register_replacement`` takes it, else nothing."""
+    return {"pattern_name": name} if _ACCEPTS_PATTERN_NAME else {}
+
+
 def _plain(method, argnames: list[str]):
     """``method`` as a function with its signature (torch wraps bound methods in a fresh function;
     a function of ours lets ``MatchTraces`` tell the replacement from the search pattern)."""
@@ -319,9 +342,10 @@ def register_cached(pattern, key: tuple, patterns: pm.PatternMatcherPass,
                 return trace_pattern(fn, args, **kwargs)
             return MatchTraces.trace(search, fn, args, **kwargs)
 
+        _init_inductor_patterns()
         with fake_mode():
             pm.register_replacement(search, replace, [*pattern.example_inputs(), PATTERN_LAYER_NAME], trace_fn,
-                                    scratch, extra_check=pattern.extra_check, pattern_name=pattern.name)
+                                    scratch, extra_check=pattern.extra_check, **_pattern_name_option(pattern.name))
         entries = [entry for listed in scratch.patterns.values() for entry in listed]
         for entry in entries:
             entry.pattern = _layer_name_wildcard(entry.pattern, pm.KeywordArg(LAYER_NAME_ARG))

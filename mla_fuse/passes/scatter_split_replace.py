@@ -25,6 +25,7 @@ from mla_fuse.passes.inductor_pass import MlaFusePass
 aten = torch.ops.aten
 SPLIT = aten.split_with_sizes.default
 SLICE_SCATTER = aten.slice_scatter.default
+SLICE = aten.slice.Tensor
 
 
 class ScatterSplitReplacementPattern:
@@ -40,6 +41,10 @@ class ScatterSplitReplacementPattern:
         s = split_with_sizes(buf, sizes, d);  q = s[0];  k = s[1];  v = s[2]
         r = auto_functionalized(rotary_embedding, query=q, key=k, ...)
         use(r[1], r[2], v)
+
+    torch 2.15's functionalization re-reads the scattered buffer with ``slice(s2, d, o_i, o_(i+1))``
+    per part instead of one re-split (several slices of a part included): those are rewritten the
+    same way, if every reader of the last scatter is such a slice of exactly one part.
     """
 
     def __init__(self, graph: Graph, mutating: Node) -> None:
@@ -76,15 +81,13 @@ class ScatterSplitReplacementPattern:
                 return False
             chain.append(link)
             current = link
-        resplit = self.sole_resplit(current)
-        if resplit is None or any(not is_op(user, operator.getitem) for user in resplit.users):
+        rereads = self._rereads(current, sizes, dim, offsets)
+        if rereads is None:
             return False
-        if list(resplit.args[1]) != sizes or normalize_dim(resplit.args[2] if len(resplit.args) > 2 else 0,
-                                                          current) != dim:
-            return False
+        readers, resplit = rereads
 
         old_parts = getitem_users(split)
-        for index, items in getitem_users(resplit).items():
+        for index, items in readers.items():
             replacement = new_parts.get(index)
             if replacement is None:
                 if index not in old_parts:
@@ -94,11 +97,33 @@ class ScatterSplitReplacementPattern:
                 replacement = old_parts[index][0]
             for item in items:
                 item.replace_all_uses_with(replacement)
-        for item in list(resplit.users):
-            self.graph.erase_node(item)
-        self.graph.erase_node(resplit)
+        erase_if_unused(self.graph, [item for items in readers.values() for item in items])
+        if resplit is not None:
+            self.graph.erase_node(resplit)
         erase_if_unused(self.graph, reversed(chain))
         return True
+
+    def _rereads(self, scattered: Node, sizes: list[int], dim: int,
+                 offsets: list[int]) -> tuple[dict[int, list[Node]], Node | None] | None:
+        """The part re-reads of the fully scattered buffer, ``({part index: [nodes]}, re-split or None)``:
+        the ``getitem``s of its sole re-split (same sizes and dim), or else (torch 2.15) its readers, if
+        each is a ``slice`` along ``dim`` of exactly one part. ``None`` when anything else reads it."""
+        resplit = self.sole_resplit(scattered)
+        if resplit is not None:
+            if any(not is_op(user, operator.getitem) for user in resplit.users):
+                return None
+            if list(resplit.args[1]) != sizes or normalize_dim(resplit.args[2] if len(resplit.args) > 2 else 0,
+                                                              scattered) != dim:
+                return None
+            return getitem_users(resplit), resplit
+        parts = {(offsets[i], offsets[i + 1]): i for i in range(len(sizes))}
+        readers: dict[int, list[Node]] = {}
+        for user in scattered.users:
+            index = parts.get(_slice_bounds(user, scattered, dim))
+            if index is None:
+                return None
+            readers.setdefault(index, []).append(user)
+        return (readers, None) if readers else None
 
 
     @staticmethod
@@ -107,6 +132,23 @@ class ScatterSplitReplacementPattern:
         sees the scattered values, which the rewrite would take away from it)."""
         users = list(scattered.users)
         return users[0] if len(users) == 1 and is_op(users[0], SPLIT) else None
+
+
+def _slice_bounds(node: Node, base: Node, dim: int) -> tuple[int, int] | None:
+    """``(start, end)`` of ``node`` if it is ``slice(base, dim, start, end)`` with unit step (bounds
+    clamped to the size, as ``slice`` clamps them), else ``None``."""
+    if not is_op(node, SLICE) or node.args[0] is not base:
+        return None
+    values = dict(zip(("dim", "start", "end", "step"), node.args[1:]), **node.kwargs)
+    size = base.meta["val"].size(dim)
+    start, end = values.get("start"), values.get("end")
+    start, end = 0 if start is None else start, size if end is None else end
+    if not all(isinstance(v, int) for v in (start, end, size)) or values.get("step", 1) != 1:
+        return None
+    if normalize_dim(values.get("dim", 0), base) != dim:
+        return None
+    start, end = (v + size if v < 0 else v for v in (start, end))
+    return min(max(start, 0), size), min(max(end, 0), size)
 
 
 class ScatterSplitReplacementPass(MlaFusePass):
