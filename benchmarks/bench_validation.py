@@ -1,26 +1,32 @@
-"""What the argument checks cost on every call (docs/INPUTS.md "What the checks cost").
+"""What an eager call costs on the host: the argument checks, the dispatch, and (``--launch``) the launch.
 
-Every call of an operation runs its sync-free checks in the custom op's body (ranks, sizes,
-dtypes, strides, devices, and the overlap of written buffers, from metadata). This script
-times, per call, for each operation at a decode and a prefill size (DeepSeek-V3 MLA with 16
-local heads, L = 512, R = 64, bf16, fp8 cache; an MHA layer with H = 32, Hkv = 8, D = 128):
+Every call of an operation runs its sync-free checks in the op's body (ranks, sizes, dtypes,
+strides, devices, and the overlap of written buffers, from metadata). This script times, per
+call, for each operation at a decode and a prefill size (DeepSeek-V3 MLA with 16 local heads,
+L = 512, R = 64, bf16, fp8 cache; an MHA layer with H = 32, Hkv = 8, D = 128):
 
   new       ``validation.check_<op>`` on a layout it has not seen (``forget_layouts()`` first):
             every sync-free check runs
   same      ``validation.check_<op>`` on a layout it passed before: what a serving loop pays
             per call once its buffers are known (building the key of the layout)
   bare      ``torch.ops.mla_fuse.<op>`` with the checks and the kernel launch replaced by no-ops:
-            what the dispatcher costs for this custom op without any check
+            what the dispatcher costs for this op without any check
   op        ``torch.ops.mla_fuse.<op>`` with the checks and no launch: ``bare`` + ``same``
-  wrapper   ``mla_fuse.ops.<op>`` with no launch: ``op`` + the wrapper's argument-type checks
+  wrapper   ``mla_fuse.ops.<op>`` with no launch: ``op`` + the wrapper's argument-type check
   values    ``validation.check_<op>(check_values=True)``: every check and the opt-in value checks
             (one device sync)
 
 as the calling thread's CPU time per call (the least of ``--repeats`` runs), and prints the
 checks' share of the host time of a call without its launch: ``same / op``, and
 ``new / (bare + new)`` for a first call.
-The launch itself (a Triton kernel launch, or on a CPU the interpreter running it) comes on top
-and only makes the share smaller; ``--launch`` (GPU only) adds the real call.
+
+``--launch`` adds the real calls, launches included, of the fused MLA op at T=1, H=128 (a decode
+step of DeepSeek-V3 with all 128 heads on one GPU): ``torch.ops.mla_fuse.<op>``,
+``mla_fuse.ops.<op>`` and two trivial ops for scale (an empty op of the same schema, and
+``aten.add_`` on a one-element tensor), as host CPU time and wall time per call of a loop of
+calls (the wall time of a run ends with a device sync; at T=1 the host, not the GPU, sets the
+pace). On a GPU that is the eager cost to compare with the kernel's few microseconds; on a CPU
+the launch is Triton's interpreter running the kernel, and fewer calls are timed.
 
     python benchmarks/bench_validation.py [--device cuda] [--repeats 7] [--launch]
 """
@@ -43,9 +49,9 @@ LAUNCHERS = {"rotary_embedding": rope_kernel, "concat_and_cache_mla": mla_cache,
              "rope_and_reshape_and_cache_flash": flash_rope_cache}
 
 
-def mla_args(tokens: int, device: str) -> dict:
-    """DeepSeek-V3 MLA, 16 heads per rank: q [T, 16, 128 + 64] (q_pe its slice), kv [T, 512 + 64]."""
-    heads, nope, latent, rotary, blocks, block_size = 16, 128, 512, 64, 4096, 64
+def mla_args(tokens: int, device: str, heads: int = 16) -> dict:
+    """DeepSeek-V3 MLA, 16 heads per rank: q [T, H, 128 + 64] (q_pe its slice), kv [T, 512 + 64]."""
+    nope, latent, rotary, blocks, block_size = 128, 512, 64, 4096, 64
     q = torch.randn(tokens, heads, nope + rotary, device=device).bfloat16()
     kv = torch.randn(tokens, latent + rotary, device=device).bfloat16()
     return dict(positions=torch.arange(tokens, device=device), q_pe=q[..., nope:], k_pe=kv[:, latent:],
@@ -107,12 +113,13 @@ def per_call_us(function, repeats: int, device: str, number: int = 300) -> float
     return min(times) / number * 1e6
 
 
-def measure(operation: str, tokens: int, device: str, repeats: int, launch: bool) -> dict:
+def measure(operation: str, tokens: int, device: str, repeats: int) -> dict:
     args = arguments(operation, tokens, device)
     values = list(args.values())
     check = getattr(validation, f"check_{operation}")
     op = getattr(torch.ops.mla_fuse, operation).default
     wrapper = getattr(ops, operation)
+
     def first_time():
         validation.forget_layouts()
         check(*values)
@@ -125,26 +132,70 @@ def measure(operation: str, tokens: int, device: str, repeats: int, launch: bool
         row["wrapper"] = per_call_us(lambda: wrapper(*values), repeats, device)
         with replaced(validation, f"check_{operation}", lambda *a, **k: None):
             row["bare"] = per_call_us(lambda: op(*values), repeats, device)
-    if launch:
-        row["launched"] = per_call_us(lambda: op(*values), repeats, device)
     return row
+
+
+# ---------------------------------------------------------------- --launch: real calls at T=1, H=128
+
+LAUNCHED = "concat_and_cache_mla_rope_fused"
+_LIBRARY = torch.library.Library("mla_fuse_bench", "DEF")  # the empty op of the fused op's schema
+_LIBRARY.define("empty" + str(getattr(torch.ops.mla_fuse, LAUNCHED).default._schema).partition(LAUNCHED)[2])
+for _key in ("CPU", "CUDA"):
+    _LIBRARY.impl("empty", lambda *args: None, _key)
+
+
+def host_us(call, device: str, repeats: int, number: int) -> tuple[float, float]:
+    """(CPU time, wall time) per call in microseconds, each the least over ``repeats`` runs of
+    ``number`` calls; a run's wall time ends with a device sync."""
+    call()  # warm up: compiles the kernel on the first launch
+    synchronize = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    synchronize()
+    cpu = wall = float("inf")
+    for _ in range(repeats):
+        cpu_start, wall_start = time.thread_time(), time.perf_counter()
+        for _ in range(number):
+            call()
+        synchronize()
+        cpu = min(cpu, time.thread_time() - cpu_start)
+        wall = min(wall, time.perf_counter() - wall_start)
+    return cpu / number * 1e6, wall / number * 1e6
+
+
+def launched_rows(device: str, repeats: int) -> dict[str, tuple[float, float]]:
+    values = list(mla_args(1, device, heads=128).values())
+    tiny = torch.zeros(1, device=device)
+    trivial = {"empty op, same schema (dispatch only)": lambda: torch.ops.mla_fuse_bench.empty.default(*values),
+               "aten.add_ on 1 element": lambda: torch.ops.aten.add_.Scalar(tiny, 1.0)}
+    ours = {f"torch.ops.mla_fuse.{LAUNCHED}": lambda: getattr(torch.ops.mla_fuse, LAUNCHED).default(*values),
+            f"mla_fuse.ops.{LAUNCHED}": lambda: getattr(ops, LAUNCHED)(*values)}
+    runs, calls = (repeats, 2000) if device == "cuda" else (min(repeats, 3), 3)  # interpreted: ms a launch
+    return {**{name: host_us(call, device, repeats, 2000) for name, call in trivial.items()},
+            **{name: host_us(call, device, runs, calls) for name, call in ours.items()}}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--launch", action="store_true", help="also time the real call (GPU)")
+    parser.add_argument("--launch", action="store_true",
+                        help="also time real calls of the fused MLA op at T=1, H=128, launches included")
     options = parser.parse_args()
-    columns = ["new", "same", "bare", "op", "wrapper", "values"] + (["launched"] if options.launch else [])
-    print(f"device {options.device}; microseconds of host CPU time per call (least of {options.repeats} runs)")
+    columns = ["new", "same", "bare", "op", "wrapper", "values"]
+    print(f"device {options.device}; microseconds of host CPU time per call (least of {options.repeats} runs); "
+          "launches stubbed")
     print(f"{'operation':34} {'T':>5} " + " ".join(f"{c:>8}" for c in columns) + "  same/op  new/(bare+new)")
     for operation in LAUNCHERS:
         for tokens in (1, 64, 4096):
-            row = measure(operation, tokens, options.device, options.repeats, options.launch)
+            row = measure(operation, tokens, options.device, options.repeats)
             cells = " ".join(f"{row[c]:8.1f}" for c in columns)
             first_share = row["new"] / (row["bare"] + row["new"])
             print(f"{operation:34} {tokens:5d} {cells}  {row['same'] / row['op']:7.0%}  {first_share:14.0%}")
+    if options.launch:
+        name = torch.cuda.get_device_name() if options.device == "cuda" else "CPU, Triton's interpreter"
+        print(f"\nreal calls, T=1, H=128, fp8 cache, on {name}: host microseconds per call")
+        print(f"{'call':60} {'cpu':>8} {'wall':>8}")
+        for call, (cpu, wall) in launched_rows(options.device, options.repeats).items():
+            print(f"{call:60} {cpu:8.1f} {wall:8.1f}")
 
 
 if __name__ == "__main__":

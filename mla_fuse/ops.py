@@ -1,19 +1,30 @@
-"""The five in-place operations of CONTRACT §4 as ``torch.library`` custom ops (``mla_fuse::*``).
+"""The five in-place operations of CONTRACT §4 as ``torch.library`` ops (``mla_fuse::*``).
 
-Each operation has one custom-op definition (every written buffer in
-``mutates_args``, its fake right below: in-place ops return nothing, so the
-fake only checks that the tensors share a device; a real call that mixes in a
-``meta`` tensor dispatches to it) and one public wrapper of the
-same name and signature plus ``check_values``. The custom op's body validates
-with ``mla_fuse.validation.check_<op>`` and only then launches, so bad input
-raises before anything is written on every path into a kernel: the wrapper,
-and the ``torch.ops.mla_fuse.<op>`` entry point that compiled graphs call
-directly (docs/INPUTS.md lists the rules). The wrapper first checks what the
-dispatcher would otherwise coerce or reject with a RuntimeError (a non-tensor,
-``is_neox`` not a bool, a non-integral ``head_size``), then calls the op with
-value checks switched by ``check_values``. Each wrapper's ``custom_op``
-attribute is its ``torch.ops`` entry point (the suite's bad-input properties
-call it too).
+Each operation has one definition: a typed Python function registered by ``_define`` (its
+schema inferred from the signature, every written buffer declared ``Tensor(a!)``), its fake
+right below (in-place ops return nothing, so the fake only checks that the tensors share a
+device; it is also the Meta kernel, so a real call that mixes in a ``meta`` tensor dispatches
+to it), and one public wrapper of the same name and signature plus ``check_values``. The
+op's body validates with ``mla_fuse.validation.check_<op>`` (once per call) and only then
+launches, so bad input raises before anything is written on every path into a kernel: the
+wrapper, and the ``torch.ops.mla_fuse.<op>`` entry point that compiled graphs call directly
+(docs/INPUTS.md lists the rules). The wrapper first checks what the dispatcher would otherwise
+coerce or reject with a RuntimeError (a non-tensor, ``is_neox`` not a bool, a non-integral
+``head_size``; arguments of the plain Python types cost one lookup), then calls the op with
+value checks switched by ``check_values``. Each wrapper's ``custom_op`` attribute is its
+``torch.ops`` entry point (the suite's bad-input properties call it too).
+
+Registration, as vLLM's ``direct_register_custom_op``: a module-level
+``torch.library.Library("mla_fuse", "DEF")`` that lives as long as the process, ``define`` +
+``impl`` on the CPU (Triton's interpreter) and CUDA dispatch keys, ``register_fake`` with
+``lib=``. Not ``torch.library.custom_op``: it wraps every call in a Python autograd layer and
+a Python ADInplaceOrView layer, 17-40 us of host time per call on a 2-core Xeon, where the
+kernel of a decode step takes 3-5 us on an H200 (docs/INPUTS.md, "What a call costs on the
+host"; ``tests/test_dispatch_cost.py`` keeps it out). The schemas, tags and the graphs
+compiled around the ops (``auto_functionalized``, the passes' patterns) are the same as
+under ``custom_op``; the body bumps the written tensors' version counters as its
+ADInplaceOrView layer did. No autograd formula is registered (the ops serve inference; there
+was none before either).
 
 Shared conventions (named dims: ``T`` tokens, ``H`` query heads, ``Hkv`` KV
 heads, ``D`` head size, ``R`` rotary width, ``L`` latent width, ``NB``
@@ -45,6 +56,8 @@ blocks, ``B`` block size, ``P`` table rows):
 
 from __future__ import annotations
 
+import inspect
+import itertools
 from typing import Optional
 
 import torch
@@ -54,10 +67,47 @@ from mla_fuse.kernels import flash_cache, flash_rope_cache, mla_cache, mla_rope_
 
 Tensor = torch.Tensor
 
-# ---------------------------------------------------------------- custom ops (one definition each)
+# ---------------------------------------------------------------- registration (vLLM's direct_register_custom_op)
+
+_LIBRARY = torch.library.Library("mla_fuse", "DEF")  # module-level: the ops live as long as the process
+_KERNEL_KEYS = ("CPU", "CUDA")  # the interpreter runs CPU tensors, the GPU backend CUDA ones (Meta: the fake)
 
 
-@torch.library.custom_op("mla_fuse::rotary_embedding", mutates_args=("query", "key"))
+def _define(name: str, *, mutates_args: tuple[str, ...]):
+    """Register the decorated function as ``torch.ops.mla_fuse.<name>``: the schema inferred from its
+    annotations with ``mutates_args`` written (``Tensor(a!)``), the function itself the kernel of
+    the CPU and CUDA dispatch keys, with the mutated arguments' version counters bumped after it
+    (as an aten in-place op does; the kernels write behind autograd's back). No autograd or
+    ADInplaceOrView Python layers: ``torch.library.custom_op`` adds them to every call, tens of
+    microseconds of host time where a small kernel takes a few."""
+
+    def register(kernel):
+        schema = torch.library.infer_schema(kernel, mutates_args=mutates_args)
+        _LIBRARY.define(name + schema, tags=(torch.Tag.pt2_compliant_tag,))
+        parameters = list(inspect.signature(kernel).parameters)
+        written = [parameters.index(argument) for argument in mutates_args]
+        increment_version = torch.autograd.graph.increment_version
+
+        def run(*args):
+            kernel(*args)
+            increment_version([args[i] for i in written if args[i] is not None])
+
+        for key in _KERNEL_KEYS:
+            _LIBRARY.impl(name, run, key)
+        return kernel
+
+    return register
+
+
+def _fake(name: str):
+    """Register the decorated function as the fake (and Meta kernel) of ``torch.ops.mla_fuse.<name>``."""
+    return torch.library.register_fake(f"mla_fuse::{name}", lib=_LIBRARY)
+
+
+# ---------------------------------------------------------------- the operations (one definition each)
+
+
+@_define("rotary_embedding", mutates_args=("query", "key"))
 def _rotary_embedding(positions: Tensor, query: Tensor, key: Optional[Tensor], head_size: int,
                       cos_sin_cache: Tensor, is_neox: bool) -> None:
     validation.check_rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
@@ -65,13 +115,13 @@ def _rotary_embedding(positions: Tensor, query: Tensor, key: Optional[Tensor], h
     rope_kernel.launch(positions, query, key, head_size, cos_sin_cache, is_neox)
 
 
-@_rotary_embedding.register_fake
+@_fake("rotary_embedding")
 def _(positions, query, key, head_size, cos_sin_cache, is_neox) -> None:
     validation.require_same_device("rotary_embedding", positions=positions, query=query, key=key,
                                    cos_sin_cache=cos_sin_cache)
 
 
-@torch.library.custom_op("mla_fuse::concat_and_cache_mla", mutates_args=("kv_cache",))
+@_define("concat_and_cache_mla", mutates_args=("kv_cache",))
 def _concat_and_cache_mla(kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor, slot_mapping: Tensor, kv_cache_dtype: str,
                           scale: Tensor) -> None:
     validation.check_concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale)
@@ -79,13 +129,13 @@ def _concat_and_cache_mla(kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor, slot_map
     mla_cache.launch(kv_c, k_pe, kv_cache, slot_mapping, validation.fp8_format(kv_cache_dtype), scale)
 
 
-@_concat_and_cache_mla.register_fake
+@_fake("concat_and_cache_mla")
 def _(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale) -> None:
     validation.require_same_device("concat_and_cache_mla", kv_c=kv_c, k_pe=k_pe, kv_cache=kv_cache,
                                    slot_mapping=slot_mapping, scale=scale)
 
 
-@torch.library.custom_op("mla_fuse::concat_and_cache_mla_rope_fused", mutates_args=("q_pe", "k_pe", "kv_cache"))
+@_define("concat_and_cache_mla_rope_fused", mutates_args=("q_pe", "k_pe", "kv_cache"))
 def _concat_and_cache_mla_rope_fused(positions: Tensor, q_pe: Tensor, k_pe: Tensor, kv_c: Tensor,
                                      cos_sin_cache: Tensor, is_neox: bool, slot_mapping: Tensor, kv_cache: Tensor,
                                      kv_cache_dtype: str, kv_cache_scale: Tensor) -> None:
@@ -96,7 +146,7 @@ def _concat_and_cache_mla_rope_fused(positions: Tensor, q_pe: Tensor, k_pe: Tens
                           validation.fp8_format(kv_cache_dtype), kv_cache_scale)
 
 
-@_concat_and_cache_mla_rope_fused.register_fake
+@_fake("concat_and_cache_mla_rope_fused")
 def _(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, slot_mapping, kv_cache, kv_cache_dtype,
       kv_cache_scale) -> None:
     validation.require_same_device("concat_and_cache_mla_rope_fused", positions=positions, q_pe=q_pe, k_pe=k_pe,
@@ -104,7 +154,7 @@ def _(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, slot_mapping, kv_cach
                                    kv_cache=kv_cache, kv_cache_scale=kv_cache_scale)
 
 
-@torch.library.custom_op("mla_fuse::reshape_and_cache_flash", mutates_args=("key_cache", "value_cache"))
+@_define("reshape_and_cache_flash", mutates_args=("key_cache", "value_cache"))
 def _reshape_and_cache_flash(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
                              slot_mapping: Tensor, kv_cache_dtype: str, k_scale: Tensor, v_scale: Tensor) -> None:
     validation.check_reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
@@ -114,15 +164,14 @@ def _reshape_and_cache_flash(key: Tensor, value: Tensor, key_cache: Tensor, valu
                        k_scale, v_scale)
 
 
-@_reshape_and_cache_flash.register_fake
+@_fake("reshape_and_cache_flash")
 def _(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale) -> None:
     validation.require_same_device("reshape_and_cache_flash", key=key, value=value, key_cache=key_cache,
                                    value_cache=value_cache, slot_mapping=slot_mapping, k_scale=k_scale,
                                    v_scale=v_scale)
 
 
-@torch.library.custom_op("mla_fuse::rope_and_reshape_and_cache_flash",
-                         mutates_args=("query", "key", "key_cache", "value_cache"))
+@_define("rope_and_reshape_and_cache_flash", mutates_args=("query", "key", "key_cache", "value_cache"))
 def _rope_and_reshape_and_cache_flash(positions: Tensor, query: Tensor, key: Tensor, value: Tensor,
                                       key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor,
                                       cos_sin_cache: Tensor, is_neox: bool, kv_cache_dtype: str, k_scale: Tensor,
@@ -135,7 +184,7 @@ def _rope_and_reshape_and_cache_flash(positions: Tensor, query: Tensor, key: Ten
                             is_neox, validation.fp8_format(kv_cache_dtype), k_scale, v_scale)
 
 
-@_rope_and_reshape_and_cache_flash.register_fake
+@_fake("rope_and_reshape_and_cache_flash")
 def _(positions, query, key, value, key_cache, value_cache, slot_mapping, cos_sin_cache, is_neox, kv_cache_dtype,
       k_scale, v_scale) -> None:
     validation.require_same_device("rope_and_reshape_and_cache_flash", positions=positions, query=query, key=key,
@@ -149,25 +198,25 @@ def _(positions, query, key, value, key_cache, value_cache, slot_mapping, cos_si
 _OPERATIONS = ("rotary_embedding", "concat_and_cache_mla", "concat_and_cache_mla_rope_fused",
                "reshape_and_cache_flash", "rope_and_reshape_and_cache_flash")
 _ENTRY_POINTS = {name: getattr(torch.ops.mla_fuse, name).default for name in _OPERATIONS}
-# per operation: the positions of its tensor arguments, and (position, name, schema type) of the others
-_TENSOR_POSITIONS = {name: [i for i, a in enumerate(op._schema.arguments) if str(a.type) == "Tensor"]
-                     for name, op in _ENTRY_POINTS.items()}
-_OTHER_ARGUMENTS = {name: [(i, a.name, str(a.type)) for i, a in enumerate(op._schema.arguments)
-                          if str(a.type) != "Tensor"] for name, op in _ENTRY_POINTS.items()}
+# per operation: (position, name, schema type) of each argument
+_ARGUMENTS = {name: [(i, a.name, str(a.type)) for i, a in enumerate(op._schema.arguments)]
+              for name, op in _ENTRY_POINTS.items()}
+_TAKEN_AS_GIVEN = {"Tensor": (torch.Tensor,), "Optional[Tensor]": (torch.Tensor, type(None)), "int": (int,),
+                   "bool": (bool,), "str": (str,)}
+# per operation: the tuples of argument types the dispatcher takes unchanged (exact types: a bool is no int)
+_PLAIN_TYPES = {name: set(itertools.product(*(_TAKEN_AS_GIVEN[kind] for _, _, kind in arguments)))
+                for name, arguments in _ARGUMENTS.items()}
 
 
 def _call(name: str, arguments: tuple, check_values: bool | None) -> None:
     """Check what the dispatcher would coerce or reject with a RuntimeError (a non-tensor, ``is_neox``
     not a bool, a non-integral ``head_size``: ``validation.check_argument_type``), then run
     ``torch.ops.mla_fuse.<name>``, which validates everything else, with value checks set by
-    ``check_values`` (``None``: ``MLA_FUSE_CHECK_VALUES`` decides)."""
-    if not all(isinstance(arguments[i], torch.Tensor) for i in _TENSOR_POSITIONS[name]):
-        schema = _ENTRY_POINTS[name]._schema.arguments
-        for i in _TENSOR_POSITIONS[name]:
-            validation.check_argument_type(name, schema[i].name, arguments[i], "Tensor")
-    arguments = list(arguments)
-    for i, argument, kind in _OTHER_ARGUMENTS[name]:
-        arguments[i] = validation.check_argument_type(name, argument, arguments[i], kind)
+    ``check_values`` (``None``: ``MLA_FUSE_CHECK_VALUES`` decides). Arguments of the plain types
+    (tensors, a bool, an int, a str) need no check here: one lookup of their types."""
+    if tuple(map(type, arguments)) not in _PLAIN_TYPES[name]:
+        arguments = [validation.check_argument_type(name, argument, arguments[i], kind)
+                     for i, argument, kind in _ARGUMENTS[name]]
     if check_values is None:
         _ENTRY_POINTS[name](*arguments)
         return

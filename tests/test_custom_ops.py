@@ -100,6 +100,31 @@ def test_public_wrapper_has_the_op_signature_plus_check_values(name):
     assert parameters["check_values"].kind is inspect.Parameter.KEYWORD_ONLY
 
 
+@pytest.mark.parametrize("name, args", [(n, a) for n, a, i in SAMPLES if i in ("q_k", "fp8_e4m3_strided")],
+                         ids=["rotary_embedding", "concat_and_cache_mla_rope_fused"])
+def test_a_call_bumps_the_version_of_each_written_argument(name, args):
+    """As an aten in-place op (and ``custom_op``'s ADInplaceOrView layer) does: autograd sees the writes.
+    Views of one tensor share its version counter, so a read argument moves only with a written view."""
+    tensors = {s.name: a for s, a in zip(getattr(torch.ops.mla_fuse, name).default._schema.arguments, args)
+               if isinstance(a, torch.Tensor)}
+    before = {n: t._version for n, t in tensors.items()}
+    getattr(torch.ops.mla_fuse, name)(*args)
+    bumped = {n for n, t in tensors.items() if t._version > before[n]}
+    storage = {n: t.untyped_storage().data_ptr() for n, t in tensors.items()}
+    assert bumped == {n for n in tensors if any(storage[n] == storage[w] for w in MUTATED[name])}
+    assert MUTATED[name] <= bumped
+
+
+def test_the_ops_are_registered_without_python_autograd_layers():
+    """``Library.define`` + ``impl`` (vLLM's ``direct_register_custom_op``): no Autograd or ADInplaceOrView
+    kernel of ours on the hot path; the CPU and CUDA kernels and the fake's Meta kernel."""
+    for name in OPERATIONS:
+        qualname = f"mla_fuse::{name}"
+        registered = {key for key in ("CPU", "CUDA", "Meta", "Autograd", "ADInplaceOrView", "CompositeExplicitAutograd")
+                      if torch._C._dispatch_has_kernel_for_dispatch_key(qualname, key)}
+        assert registered == {"CPU", "CUDA", "Meta"}, name
+
+
 def test_triton_implementation_is_registered_and_complete():
     impl = load_implementation("triton")
     assert impl.operations == OPERATIONS
