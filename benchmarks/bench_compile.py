@@ -37,7 +37,8 @@ import torch
 
 import mla_fuse.compile as mc
 from mla_fuse.layers import set_forward_context
-from mla_fuse_conformance.cases.engine_caches import ENGINE_LAYOUTS, allocated_bytes, build_caches
+from mla_fuse_conformance.cases.engine_caches import ENGINE_LAYOUTS, build_caches
+from mla_fuse_conformance.running.devices import allocated_bytes
 from mla_fuse_conformance.compile_passes.inspection import counting_kernel_calls
 from mla_fuse_conformance.compile_passes.models import build_model, make_step, MlaGeometry, ModelSpec
 
@@ -105,7 +106,7 @@ def bench(level: int, args) -> list[dict]:
         allocated = []
         for each in (caches, grown):
             _step(compiled, each, step)  # warm-up (compiles on the first layout, and per cache shape if in the graph)
-            allocated.append(allocated_bytes(lambda: _step(compiled, each, step)))
+            allocated.append(allocated_bytes(lambda: _step(compiled, each, step), device))
         rows.append(dict(level=level, layout=layout_name, allocated=allocated[0],
                          share=allocated[0] / caches.cache_bytes, cache=caches.cache_bytes,
                          growth=(allocated[1] - allocated[0]) / (grown.cache_bytes - caches.cache_bytes),

@@ -6,8 +6,9 @@
 #             (benchmarks/bench_validation.py --device cuda --launch)                      default 45 s
 #   bench     the fused op eager / under CUDA-graph replay / host us, against the unfused pair,
 #             FlagGems (when importable) and a device copy of the same bytes (bench_ops.py)   150 s
-#   compile   the compile path on CUDA Inductor: ci/gpu_compile_check.py (a DeepSeek-shaped
-#             decoder at O2 vs O1, recompiles, CUDA-graph replay) and the pass tests           240 s
+#   compile   the compile path on CUDA Inductor (Triton code generation): ci/gpu_compile_check.py
+#             (a DeepSeek-shaped decoder at O2 vs O1, recompiles, CUDA-graph replay) and the
+#             pass tests of tests/, which build their models on the kernels' device            240 s
 #   keys      compiled-kernel budget: one property in the gpu profile on an empty Triton cache,
 #             then again with the same seed on that cache (must compile nothing new)          120 s
 #   repro     the reproducers' CUDA path: a planted bug's cell, its script run with DEVICE='cuda'
@@ -81,8 +82,9 @@ run_step() {
     dispatch) python3 benchmarks/bench_validation.py --device cuda --launch ;;
     bench) python3 benchmarks/bench_ops.py --out reports/bench ${MLA_FUSE_BENCH_ARGS:-} ;;
     compile) python3 ci/gpu_compile_check.py; local check=$?
-             python3 -m pytest -p no:cacheprovider -q -n auto tests/test_passes_mla.py tests/test_passes_mha.py \
-               tests/test_pass_regressions.py tests/test_pass_engine_caches.py && [ $check -eq 0 ] ;;
+             python3 -m pytest -p no:cacheprovider -q -n auto --junitxml=reports/pytest-gpu-passes.xml \
+               tests/test_passes_mla.py tests/test_passes_mha.py tests/test_pass_regressions.py \
+               tests/test_pass_situations.py && [ $check -eq 0 ] ;;
     keys) step_keys ;;
     repro) step_repro ;;
     verify) local before after status

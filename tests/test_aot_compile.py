@@ -14,7 +14,8 @@ On the compiled code it checks what the design relies on:
 * every pointer offset is int64 (tokens * heads * dims may pass 2^31);
 * fp8 variants divide with ``div.rn.f32`` (IEEE), never an approximate division;
 * no FMA contraction (``enable_fp_fusion=False``: GPU and interpreter round alike);
-* 16-byte vector loads and stores for the rotary rows;
+* 16-byte vector loads and stores for the rotary rows (the kernels leave alignment out of Triton's
+  specialisation; their ``ALIGNED`` constexpr, set by the launcher, marks aligned rows instead);
 * no local-memory spills (when the bundled cuobjdump can read the cubin).
 """
 
@@ -98,7 +99,12 @@ def _flash_args(op, dtype, tokens=64, heads=32, kv_heads=8, head_size=128, rotar
 
 
 def _signature(fn, args, kwargs):
-    """Signature, constexprs and attributes as Triton's JIT specialises a launch (16-divisibility, ints == 1)."""
+    """Signature, constexprs and attributes as Triton's JIT specialises a launch (``JITFunction.run``'s binder).
+
+    Mirrors it, since ``triton.compile`` applies none of it: constexprs; an integer is its annotation's
+    type (else i32/i64 by value) and, unless in ``do_not_specialize``, ``== 1`` (a constexpr when not
+    annotated) or divisible by 16; a pointer is 16-byte aligned unless in ``do_not_specialize_on_alignment``.
+    """
     import torch
 
     type_names = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.uint8: "u8",
@@ -108,15 +114,21 @@ def _signature(fn, args, kwargs):
     signature, constexprs, attrs = {}, {}, {}
     for i, (name, param) in enumerate(zip(fn.arg_names, fn.params)):
         value = bound[name]
-        if param.is_constexpr or (isinstance(value, int) and not isinstance(value, bool) and value == 1):
+        if param.is_constexpr:
             signature[name], constexprs[name] = "constexpr", value
         elif isinstance(value, torch.Tensor):
             signature[name] = "*" + type_names[value.dtype]
-            if value.data_ptr() % 16 == 0:
+            if not param.do_not_specialize_on_alignment and value.data_ptr() % 16 == 0:
                 attrs[(i,)] = [["tt.divisibility", 16]]
+        elif param.annotation_type:
+            signature[name] = param.annotation_type
+            if not param.do_not_specialize and value != 1 and value % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        elif not param.do_not_specialize and value == 1:
+            signature[name], constexprs[name] = "constexpr", value
         else:
             signature[name] = "i32" if -2 ** 31 <= value < 2 ** 31 else "i64"
-            if value % 16 == 0:
+            if not param.do_not_specialize and value % 16 == 0:
                 attrs[(i,)] = [["tt.divisibility", 16]]
     options = {k: v for k, v in kwargs.items() if k not in fn.arg_names}
     return signature, constexprs, attrs, options

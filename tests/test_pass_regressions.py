@@ -14,8 +14,9 @@ issue has its check here:
 5. match counts read 0 when Inductor's FX graph cache served the graph.
 
 The caches do not enter the compiled graph (``mla_fuse.layers.unified_ops``), so one compile
-per level serves every layout. Only the public API is used, so the file runs against older
-versions of the package too (that is how it was seen failing before the fix).
+per level serves every layout. The model, caches and steps are built on the kernels' device and
+a step's allocations counted there (``mla_fuse_conformance.running.devices``: CUDA when mla_fuse's
+kernels run on the GPU in this process, else the CPU); otherwise only the public API is used.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import mla_fuse.compile as mc
 from mla_fuse.layers import (
     DeepseekScalingRotaryEmbedding, LayerKVCache, MHAAttention, MLAAttention, RotaryEmbedding, set_forward_context,
 )
+from mla_fuse_conformance.running.devices import allocated_bytes, kernels_device
 
 LAYERS = ("model.layers.0.attn", "model.layers.1.attn", "model.layers.2.attn")
 HIDDEN, BLOCKS, BLOCK_SIZE, SENTINEL = 32, 1024, 16, 0x5A
@@ -49,7 +51,7 @@ class Model(torch.nn.Module):
             MLAAttention(HIDDEN, 2, 8, 8, 8, 16, mla_rope, LAYERS[0]),
             MHAAttention(HIDDEN, 4, KV_HEADS, HEAD, mha_rope, LAYERS[1]),
             MLAAttention(HIDDEN, 2, 8, 8, 8, 16, yarn_rope, LAYERS[2]),
-        ]).to(torch.bfloat16)
+        ]).to(device=kernels_device(), dtype=torch.bfloat16)
 
     def forward(self, positions, hidden):
         rotated = []
@@ -61,7 +63,7 @@ class Model(torch.nn.Module):
 
 
 def _pool(numel: int) -> torch.Tensor:
-    return torch.full((numel * 2,), SENTINEL, dtype=torch.uint8).view(torch.bfloat16)
+    return torch.full((numel * 2,), SENTINEL, dtype=torch.uint8, device=kernels_device()).view(torch.bfloat16)
 
 
 def engine_caches(layout: str) -> tuple[dict[str, LayerKVCache], list[torch.Tensor]]:
@@ -101,7 +103,8 @@ def step(tokens: int, seed: int):
     hidden = torch.randn(tokens, HIDDEN, generator=generator).to(torch.bfloat16)
     slots = {name: torch.randperm(BLOCKS * BLOCK_SIZE, generator=generator)[:tokens] for name in LAYERS}
     slots[LAYERS[1]][-1] = -1
-    return positions, hidden, slots
+    device = kernels_device()
+    return positions.to(device), hidden.to(device), {name: s.to(device) for name, s in slots.items()}
 
 
 def run(model, caches, positions, hidden, slots, *, dynamic: bool):
@@ -112,14 +115,6 @@ def run(model, caches, positions, hidden, slots, *, dynamic: bool):
     with torch.no_grad(), set_forward_context(caches, slots):
         out, rotated = model(positions, hidden)
     return [out.clone()] + [t.clone() for t in rotated]
-
-
-def allocated_bytes(fn) -> int:
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    return sum(max(event.self_cpu_memory_usage, 0) for event in prof.events())
 
 
 def assert_bitwise(actual, expected, what):
@@ -188,9 +183,9 @@ def _single_layer(kind: str, use_custom_op: bool):
     torch.manual_seed(0)
     if kind == "mla":
         rope = RotaryEmbedding(8, 8, 64, 10000.0, False, use_custom_op=use_custom_op)
-        return MLAAttention(HIDDEN, 2, 8, 8, 8, 16, rope, LAYERS[0]).to(torch.bfloat16)
+        return MLAAttention(HIDDEN, 2, 8, 8, 8, 16, rope, LAYERS[0]).to(device=kernels_device(), dtype=torch.bfloat16)
     rope = RotaryEmbedding(HEAD, HEAD, 64, 10000.0, True, use_custom_op=use_custom_op)
-    return MHAAttention(HIDDEN, 4, KV_HEADS, HEAD, rope, LAYERS[1]).to(torch.bfloat16)
+    return MHAAttention(HIDDEN, 4, KV_HEADS, HEAD, rope, LAYERS[1]).to(device=kernels_device(), dtype=torch.bfloat16)
 
 
 def _single_layer_caches(kind: str):

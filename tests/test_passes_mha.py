@@ -14,6 +14,9 @@ from mla_fuse_conformance.compile_passes.inspection import (
     final_graph, native_rope_nodes,
 )
 from mla_fuse_conformance.compile_passes.models import compile_light, mha_model, run, same_weights, toy_caches, toy_step
+from mla_fuse_conformance.running.devices import kernels_device
+
+DEVICE = kernels_device()  # models, caches and steps: where the kernels run (CUDA in a GPU process)
 
 
 def _run_pair(form, is_neox, kv_cache_dtype="auto", num_layers=2, rotary_dim=16, situation="plain",
@@ -104,7 +107,7 @@ def test_vllm_style_three_argument_update_fuses():
     base = mha_model(1, "native", True)
     layer = base.layers[0]
     vllm_layer = VllmStyle(32, layer.num_heads, layer.num_kv_heads, layer.head_size, layer.rotary_emb,
-                           layer.layer_name).to(torch.bfloat16)
+                           layer.layer_name).to(DEVICE, torch.bfloat16)
     vllm_layer.load_state_dict(layer.state_dict())
     base.layers[0] = vllm_layer
     for fusable, expected in ((None, 1), (("auto",), 0)):
@@ -121,11 +124,12 @@ def test_vllm_style_three_argument_update_fuses():
 
 def test_fused_op_with_no_slot_mapping_only_rotates():
     caches = toy_caches("mha", 1)
-    q, k = torch.randn(3, 64).to(torch.bfloat16), torch.randn(3, 32).to(torch.bfloat16)
-    table = torch.randn(64, 16)
+    q, k = torch.randn(3, 64).to(DEVICE, torch.bfloat16), torch.randn(3, 32).to(DEVICE, torch.bfloat16)
+    table = torch.randn(64, 16).to(DEVICE)
     with set_forward_context(caches.layers, {}):
-        fused_rope_and_unified_kv_cache_update(q, k, torch.zeros(3, 2, 16, dtype=torch.bfloat16),
-                                               torch.arange(3), table, True, "model.layers.0.attn", "auto")
+        fused_rope_and_unified_kv_cache_update(q, k, torch.zeros(3, 2, 16, dtype=torch.bfloat16, device=DEVICE),
+                                               torch.arange(3, device=DEVICE), table, True, "model.layers.0.attn",
+                                               "auto")
     assert all((pool.view(torch.uint8) == 0x5A).all() for pool in caches.pools)
 
 
@@ -154,17 +158,19 @@ def test_a_decoder_that_returns_only_its_output_fuses_every_layer(is_neox, rotar
     """Every MHA layer of a decoder built from the public layers fuses at O2 (before: none did, the pattern's
     outputs were the flattened rotated q and k); the first layer writes its cache as eager with the unfused
     ops does, bit for bit."""
-    model = _Decoder(2, is_neox, rotary_dim).to(torch.bfloat16)
-    reference = _Decoder(2, is_neox, rotary_dim, use_custom_op=True).to(torch.bfloat16)
+    model = _Decoder(2, is_neox, rotary_dim).to(DEVICE, torch.bfloat16)
+    reference = _Decoder(2, is_neox, rotary_dim, use_custom_op=True).to(DEVICE, torch.bfloat16)
     reference.load_state_dict(model.state_dict())
 
     def caches():
-        return {f"layers.{i}": LayerKVCache("auto", key_cache=torch.zeros(4, 4, 1, 16, dtype=torch.bfloat16),
-                                            value_cache=torch.zeros(4, 4, 1, 16, dtype=torch.bfloat16))
+        bf16 = dict(dtype=torch.bfloat16, device=DEVICE)
+        return {f"layers.{i}": LayerKVCache("auto", key_cache=torch.zeros(4, 4, 1, 16, **bf16),
+                                            value_cache=torch.zeros(4, 4, 1, 16, **bf16))
                 for i in range(2)}
 
-    positions, hidden = torch.tensor([3, 7, 1, 60, 5]), torch.randn(5, 32, dtype=torch.bfloat16)
-    slots = {f"layers.{i}": torch.arange(5) + 3 * i for i in range(2)}
+    positions = torch.tensor([3, 7, 1, 60, 5], device=DEVICE)
+    hidden = torch.randn(5, 32, dtype=torch.bfloat16).to(DEVICE)
+    slots = {f"layers.{i}": torch.arange(5, device=DEVICE) + 3 * i for i in range(2)}
     torch._dynamo.reset()
     compiled = mc.compile(model, backend="light")
     results = []

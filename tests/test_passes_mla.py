@@ -21,6 +21,9 @@ from mla_fuse_conformance.compile_passes.inspection import (
 )
 from mla_fuse_conformance.compile_passes.layers import ROPE_FORMS
 from mla_fuse_conformance.compile_passes.models import compile_light, mla_model, run, same_weights, toy_caches, toy_step
+from mla_fuse_conformance.running.devices import kernels_device
+
+DEVICE = kernels_device()  # models, caches and steps: where the kernels run (CUDA in a GPU process)
 
 
 def _eager_reference(model, num_layers, form, is_neox, dtype=torch.bfloat16):
@@ -111,30 +114,31 @@ def test_no_slot_mapping_rotates_and_writes_nothing():
 
 def test_unknown_layer_name_is_a_clear_error():
     caches = toy_caches("mla", 1)
-    q_pe, k_pe, kv_c = torch.zeros(2, 2, 8, dtype=torch.bfloat16), torch.zeros(2, 8, dtype=torch.bfloat16), \
-        torch.zeros(2, 16, dtype=torch.bfloat16)
+    bf16 = dict(dtype=torch.bfloat16, device=DEVICE)
+    q_pe, k_pe, kv_c = torch.zeros(2, 2, 8, **bf16), torch.zeros(2, 8, **bf16), torch.zeros(2, 16, **bf16)
     with set_forward_context(caches.layers, {}), \
             pytest.raises(KeyError, match="unknown layer name 'nope'.*model.layers.0"):
         fused_rope_and_unified_mla_kv_cache_update(
-            torch.zeros(2, dtype=torch.int64), q_pe, k_pe, kv_c, torch.zeros(64, 8), False, "nope", "auto",
-            torch.ones(1))
+            torch.zeros(2, dtype=torch.int64, device=DEVICE), q_pe, k_pe, kv_c, torch.zeros(64, 8, device=DEVICE),
+            False, "nope", "auto", torch.ones(1, device=DEVICE))
 
 
 def test_a_kv_cache_dtype_other_than_the_layers_is_an_error():
     caches = toy_caches("mla", 1)  # an "auto" cache
-    kv_c, k_pe = torch.zeros(2, 16, dtype=torch.bfloat16), torch.zeros(2, 8, dtype=torch.bfloat16)
+    kv_c, k_pe = torch.zeros(2, 16, dtype=torch.bfloat16, device=DEVICE), torch.zeros(2, 8, dtype=torch.bfloat16,
+                                                                                      device=DEVICE)
     with set_forward_context(caches.layers, {}), pytest.raises(ValueError, match="kv_cache_dtype.*'fp8'.*'auto'"):
-        unified_mla_kv_cache_update(kv_c, k_pe, "model.layers.0.attn", "fp8", torch.ones(1))
+        unified_mla_kv_cache_update(kv_c, k_pe, "model.layers.0.attn", "fp8", torch.ones(1, device=DEVICE))
 
 
 def test_vllm_shaped_k_pe_is_accepted():
     """vLLM's MLA layer passes ``k_pe`` as ``[T, 1, R]``."""
     caches, reference = toy_caches("mla", 1), toy_caches("mla", 1)
-    kv_c, k_pe = torch.randn(3, 16).to(torch.bfloat16), torch.randn(3, 8).to(torch.bfloat16)
-    slots = {"model.layers.0.attn": torch.tensor([1, 5, -1])}
+    kv_c, k_pe = torch.randn(3, 16).to(DEVICE, torch.bfloat16), torch.randn(3, 8).to(DEVICE, torch.bfloat16)
+    slots = {"model.layers.0.attn": torch.tensor([1, 5, -1], device=DEVICE)}
     for entry, shaped in ((caches, k_pe[:, None, :]), (reference, k_pe)):
         with set_forward_context(entry.layers, slots):
-            unified_mla_kv_cache_update(kv_c, shaped, "model.layers.0.attn", "auto", torch.ones(1))
+            unified_mla_kv_cache_update(kv_c, shaped, "model.layers.0.attn", "auto", torch.ones(1, device=DEVICE))
     assert_same_results((kv_c, []), (kv_c, []), caches, reference)
 
 

@@ -27,8 +27,9 @@ bit pattern (``conversions.py``), exact on every backend.
 
 from __future__ import annotations
 
+import inspect
 import os
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 from triton.runtime.interpreter import InterpretedFunction, InterpreterError
@@ -73,10 +74,34 @@ class InterpretedHelper(InterpretedFunction):
             raise InterpreterError(repr(error)) from error
 
 
-def jit(fn: Callable) -> JITFunction | InterpretedFunction:
-    """``@triton.jit`` for the backend chosen above (kernels and the helpers they call)."""
-    return InterpretedHelper(fn) if INTERPRETED else JITFunction(fn)
+#: ``jit(do_not_specialize=EVERY_ARGUMENT, ...)``: every argument of the function but its constexprs
+#: (which Triton specialises by definition, and refuses to see listed).
+EVERY_ARGUMENT = "every argument"
 
 
-__all__ = ["BACKEND", "BACKENDS", "BACKEND_ENV_VAR", "INTERPRETED", "INTERPRET_ENV_VAR", "InterpretedHelper",
-           "choose_backend", "jit"]
+def jit(fn: Callable | None = None, *, do_not_specialize: Iterable[str] | str = (),
+        do_not_specialize_on_alignment: Iterable[str] | str = ()):
+    """``@triton.jit`` for the backend chosen above (kernels and the helpers they call).
+
+    ``@jit`` or ``@jit(do_not_specialize=[...], do_not_specialize_on_alignment=[...])``: the two
+    options are ``triton.jit``'s (the same meaning in Triton 3.6 and 3.9) and reach both backends:
+    ``JITFunction`` leaves those arguments out of its compile key (an integer's ``== 1`` and
+    divisibility by 16; a pointer's 16-byte alignment); the interpreter, which compiles nothing,
+    keeps them like ``triton.jit`` does for it.
+    """
+    def names(chosen, function: Callable) -> list[str]:
+        if chosen != EVERY_ARGUMENT:
+            return list(chosen)
+        return [name for name, parameter in inspect.signature(function).parameters.items()
+                if "constexpr" not in str(parameter.annotation)]
+
+    def decorate(function: Callable) -> JITFunction | InterpretedFunction:
+        options = dict(do_not_specialize=names(do_not_specialize, function),
+                       do_not_specialize_on_alignment=names(do_not_specialize_on_alignment, function))
+        return InterpretedHelper(function, **options) if INTERPRETED else JITFunction(function, **options)
+
+    return decorate if fn is None else decorate(fn)
+
+
+__all__ = ["BACKEND", "BACKENDS", "BACKEND_ENV_VAR", "EVERY_ARGUMENT", "INTERPRETED", "INTERPRET_ENV_VAR",
+           "InterpretedHelper", "choose_backend", "jit"]

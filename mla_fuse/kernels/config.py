@@ -6,6 +6,10 @@
 * GPU: one token per program while that still gives every SM several
   programs, a few tokens per program for long prefills; heads are split so a
   program's rotary tile stays near ``GPU_TILE_ELEMENTS`` elements (registers).
+
+Each kernel module memoizes its launch configuration (grid, tiles, warps, constexprs) per layout
+with ``functools.lru_cache(LAUNCH_CACHE_SIZE)`` on a pure function of the sizes and formats: a
+serving loop calling again with the same layout pays one cache lookup.
 """
 
 from __future__ import annotations
@@ -24,6 +28,10 @@ GPU_LONG_PREFILL_TOKENS = 4096
 #: IEEE products and one IEEE difference on GPU as under the interpreter, so
 #: both backends give the same bits (and fused == unfused trivially).
 COMPILE_OPTIONS = {"enable_fp_fusion": False}
+#: The vector width the kernels are written for: a 16-byte global load/store.
+VECTOR_BYTES = 16
+#: Layouts remembered per kernel (one per distinct token count, head count, size and format).
+LAUNCH_CACHE_SIZE = 4096
 
 
 def _floor_pow2(n: int) -> int:
@@ -61,6 +69,21 @@ def num_warps(tile_elements: int) -> int:
 def block(size: int) -> int:
     """The power-of-two tile width covering ``size`` elements (at least 1)."""
     return triton.next_power_of_2(max(size, 1))
+
+
+def aligned(*byte_values: int) -> bool:
+    """Whether every row a kernel moves as vectors starts on a ``VECTOR_BYTES`` boundary: every
+    value (the tensors' addresses; strides and in-row offsets times the element size) is a
+    multiple of it. Per call (addresses are not part of a layout); one OR and one test.
+
+    ``element_size * (a | b | ...)`` stands for all of ``element_size * a``, ... at once: element
+    sizes are powers of two, so each product is a multiple of 16 exactly when ``a | b | ...`` is
+    a multiple of ``16 / element_size``.
+    """
+    combined = 0
+    for value in byte_values:
+        combined |= value
+    return combined % VECTOR_BYTES == 0
 
 
 def cdiv(a: int, b: int) -> int:

@@ -51,18 +51,27 @@ def cache_slots(slot_mapping_ptr, tokens, token_mask, num_slots, stride_slot, bl
 
 @jit
 def store_heads(src_ptr, cache_ptr, scale_ptr, tokens, heads, write, head_mask, stride_token, stride_head,
-                entry_offsets, stride_cache_head, stride_scale, FIRST_ELEMENT: tl.constexpr, HEAD_SIZE: tl.constexpr,
-                FP8_FORMAT: tl.constexpr, BLOCK_ELEMENTS: tl.constexpr):
-    """Copy (or quantize) ``src[tokens, heads, FIRST_ELEMENT:HEAD_SIZE]`` into the cache entries."""
-    element = FIRST_ELEMENT + tl.arange(0, BLOCK_ELEMENTS).to(tl.int64)[None, None, :]
-    mask = (write[:, None] & head_mask[None, :])[:, :, None] & (element < HEAD_SIZE)
-    if FIRST_ELEMENT + BLOCK_ELEMENTS != HEAD_SIZE:  # clamp masked-off lanes in bounds
-        element = tl.minimum(element, HEAD_SIZE - 1)
-    values = tl.load(src_ptr + (tokens[:, None] * stride_token + heads[None, :] * stride_head)[:, :, None] + element,
-                     mask=mask)
+                entry_offsets, stride_cache_head, stride_scale, first_element, end_element,
+                FP8_FORMAT: tl.constexpr, BLOCK_ELEMENTS: tl.constexpr, FULL: tl.constexpr, ALIGNED: tl.constexpr):
+    """Copy (or quantize) ``src[tokens, heads, first_element:end_element]`` into the cache entries.
+
+    ``FULL``: the range is exactly ``BLOCK_ELEMENTS`` wide (no clamp; the caller passes the bounds as
+    constexprs then, so the code is what constexpr sizes give). ``ALIGNED``: the launcher found every
+    source row, cache entry and ``first_element`` on a 16-byte boundary; a full range is marked so.
+    """
+    element = first_element + tl.arange(0, BLOCK_ELEMENTS).to(tl.int64)[None, None, :]
+    mask = (write[:, None] & head_mask[None, :])[:, :, None] & (element < end_element)
+    if not FULL:  # clamp masked-off lanes in bounds
+        element = tl.minimum(element, end_element - 1)
+    src = src_ptr + (tokens[:, None] * stride_token + heads[None, :] * stride_head)[:, :, None] + element
+    rows = cache_ptr + entry_offsets[:, None] + heads[None, :] * stride_cache_head
+    dst = rows[:, :, None] + element
+    if ALIGNED and FULL:
+        src = tl.multiple_of(src, [1, 1, 16])
+        dst = tl.multiple_of(dst, [1, 1, 16])
+    values = tl.load(src, mask=mask)
     if FP8_FORMAT != 0:
         # code = fp8(clamp(x / scale[h]))
         scale = tl.load(scale_ptr + heads * stride_scale, mask=head_mask, other=1.0)
         values = quantize(values, scale[None, :, None], FP8_FORMAT)
-    rows = cache_ptr + entry_offsets[:, None] + heads[None, :] * stride_cache_head
-    tl.store(rows[:, :, None] + element, values, mask=mask)
+    tl.store(dst, values, mask=mask)

@@ -17,30 +17,48 @@ Operands (element strides; the innermost stride is 1 everywhere):
   slot_mapping  [T' <= T]        int32/int64   stride_slot
   kv_cache      [NB, B, L + R]   in dtype, or uint8 codes for fp8   stride_cache_block, stride_cache_entry
   scale         [1]              fp32
+
+Compiled variants (docs/DESIGN.md): the sizes ``L`` and ``R`` are runtime values masked inside the
+power-of-two tiles ``BLOCK_LATENT`` and ``BLOCK_ROTARY``; ``FULL_*`` says a size fills its tile, and
+then the kernel uses the tile width itself (no mask, no clamp: the code of a constexpr size). Every
+argument is out of Triton's specialisation (``do_not_specialize`` and
+``do_not_specialize_on_alignment``, all int64): no integer's value and no single pointer's alignment
+makes a new kernel. What a GPU gains from alignment, 16-byte vector loads and stores, needs every
+row aligned at once, so the launcher checks all of them (addresses, strides and in-row offsets of
+``kv_c``, ``k_pe`` and the cache; ``k_pe`` lands at ``L`` in the entry) and passes one constexpr
+``ALIGNED``; the kernel then marks its full tiles' pointers with ``tl.multiple_of``. Compiled
+variants: dtypes, formats, flags and tiles only.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton.language as tl
 
-from mla_fuse.kernels import config, jit
+from mla_fuse.kernels import EVERY_ARGUMENT, config, jit
 from mla_fuse.kernels.conversions import FP8_FORMATS, quantize
 from mla_fuse.kernels.indexing import cache_slots, token_range
 
 
-@jit
+@jit(do_not_specialize=EVERY_ARGUMENT, do_not_specialize_on_alignment=EVERY_ARGUMENT)
 def mla_cache_kernel(
     # pointers
     kv_c_ptr, k_pe_ptr, slot_mapping_ptr, kv_cache_ptr, scale_ptr,
     # sizes
-    num_slots, block_size,
+    num_slots: tl.int64, block_size: tl.int64, latent_dim: tl.int64, rotary_dim: tl.int64,
     # strides
-    stride_kv_c_token, stride_k_token, stride_slot, stride_cache_block, stride_cache_entry,
+    stride_kv_c_token: tl.int64, stride_k_token: tl.int64, stride_slot: tl.int64, stride_cache_block: tl.int64,
+    stride_cache_entry: tl.int64,
     # constexprs
-    LATENT: tl.constexpr, ROTARY: tl.constexpr, FP8_FORMAT: tl.constexpr,
-    BLOCK_TOKENS: tl.constexpr, BLOCK_LATENT: tl.constexpr, BLOCK_ROTARY: tl.constexpr,
+    FP8_FORMAT: tl.constexpr, BLOCK_TOKENS: tl.constexpr, BLOCK_LATENT: tl.constexpr, BLOCK_ROTARY: tl.constexpr,
+    FULL_LATENT: tl.constexpr, FULL_ROTARY: tl.constexpr, ALIGNED: tl.constexpr,
 ):
+    # ---- sizes: a full tile's width is the constexpr itself
+    latent_width = BLOCK_LATENT if FULL_LATENT else latent_dim
+    rotary_width = BLOCK_ROTARY if FULL_ROTARY else rotary_dim
+
     # ---- program id -> tokens
     tokens, token_mask = token_range(num_slots, BLOCK_TOKENS)
 
@@ -51,15 +69,25 @@ def mla_cache_kernel(
 
     # ---- load kv_c [BLOCK_TOKENS, BLOCK_LATENT] and k_pe [BLOCK_TOKENS, BLOCK_ROTARY]
     latent = tl.arange(0, BLOCK_LATENT).to(tl.int64)[None, :]
-    latent_mask = write[:, None] & (latent < LATENT)
-    if BLOCK_LATENT != LATENT:  # clamp masked-off lanes in bounds
-        latent = tl.minimum(latent, LATENT - 1)
-    kv_c = tl.load(kv_c_ptr + tokens[:, None] * stride_kv_c_token + latent, mask=latent_mask)
+    latent_mask = write[:, None] & (latent < latent_width)
+    if not FULL_LATENT:  # clamp masked-off lanes in bounds
+        latent = tl.minimum(latent, latent_width - 1)
+    kv_c_ptrs = kv_c_ptr + tokens[:, None] * stride_kv_c_token + latent
+    latent_ptrs = kv_cache_ptr + entries[:, None] + latent
+    if ALIGNED and FULL_LATENT:  # 16-byte runs (the launcher checked every row)
+        kv_c_ptrs = tl.multiple_of(kv_c_ptrs, [1, 16])
+        latent_ptrs = tl.multiple_of(latent_ptrs, [1, 16])
+    kv_c = tl.load(kv_c_ptrs, mask=latent_mask)
     rotary = tl.arange(0, BLOCK_ROTARY).to(tl.int64)[None, :]
-    rotary_mask = write[:, None] & (rotary < ROTARY)
-    if BLOCK_ROTARY != ROTARY:
-        rotary = tl.minimum(rotary, ROTARY - 1)
-    k_pe = tl.load(k_pe_ptr + tokens[:, None] * stride_k_token + rotary, mask=rotary_mask)
+    rotary_mask = write[:, None] & (rotary < rotary_width)
+    if not FULL_ROTARY:
+        rotary = tl.minimum(rotary, rotary_width - 1)
+    k_pe_ptrs = k_pe_ptr + tokens[:, None] * stride_k_token + rotary
+    rotary_ptrs = kv_cache_ptr + (entries + latent_width)[:, None] + rotary
+    if ALIGNED and FULL_ROTARY:
+        k_pe_ptrs = tl.multiple_of(k_pe_ptrs, [1, 16])
+        rotary_ptrs = tl.multiple_of(rotary_ptrs, [1, 16])
+    k_pe = tl.load(k_pe_ptrs, mask=rotary_mask)
 
     # ---- quantize (fp8 caches): code = fp8(clamp(x / scale))
     if FP8_FORMAT != 0:
@@ -68,8 +96,19 @@ def mla_cache_kernel(
         k_pe = quantize(k_pe, scale, FP8_FORMAT)
 
     # ---- store the entry [kv_c (L) | k_pe (R)]
-    tl.store(kv_cache_ptr + entries[:, None] + latent, kv_c, mask=latent_mask)
-    tl.store(kv_cache_ptr + (entries + LATENT)[:, None] + rotary, k_pe, mask=rotary_mask)
+    tl.store(latent_ptrs, kv_c, mask=latent_mask)
+    tl.store(rotary_ptrs, k_pe, mask=rotary_mask)
+
+
+@functools.lru_cache(config.LAUNCH_CACHE_SIZE)
+def launch_config(num_slots: int, latent_dim: int, rotary_dim: int, fp8_format: str | None) -> tuple[tuple, dict]:
+    """(grid, constexprs and options) of a layout; memoized (``config``)."""
+    block_tokens = config.token_block(num_slots, latent_dim + rotary_dim)
+    block_latent, block_rotary = config.block(latent_dim), config.block(rotary_dim)
+    return (config.cdiv(num_slots, block_tokens),), dict(
+        FP8_FORMAT=FP8_FORMATS[fp8_format], BLOCK_TOKENS=block_tokens, BLOCK_LATENT=block_latent,
+        BLOCK_ROTARY=block_rotary, FULL_LATENT=latent_dim == block_latent, FULL_ROTARY=rotary_dim == block_rotary,
+        num_warps=config.num_warps(block_tokens * (block_latent + block_rotary)), **config.COMPILE_OPTIONS)
 
 
 def launch(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
@@ -81,13 +120,14 @@ def launch(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, slot_
         return
     if fp8_format is not None:
         kv_cache = kv_cache.view(torch.uint8)  # same storage and strides; stores the code bits
-    block_tokens = config.token_block(num_slots, latent_dim + rotary_dim)
-    grid = (config.cdiv(num_slots, block_tokens),)
+    grid, constexprs = launch_config(num_slots, latent_dim, rotary_dim, fp8_format)
+    stride_kv_c, stride_k, stride_cache = kv_c.stride(), k_pe.stride(), kv_cache.stride()
+    aligned = config.aligned(kv_c.data_ptr(), k_pe.data_ptr(), kv_cache.data_ptr(),
+                             kv_c.element_size() * (stride_kv_c[0] | stride_k[0]),
+                             kv_cache.element_size() * (stride_cache[0] | stride_cache[1] | latent_dim))
     mla_cache_kernel[grid](
         kv_c, k_pe, slot_mapping, kv_cache, scale,
-        num_slots, kv_cache.size(1),
-        kv_c.stride(0), k_pe.stride(0), slot_mapping.stride(0), kv_cache.stride(0), kv_cache.stride(1),
-        LATENT=latent_dim, ROTARY=rotary_dim, FP8_FORMAT=FP8_FORMATS[fp8_format],
-        BLOCK_TOKENS=block_tokens, BLOCK_LATENT=config.block(latent_dim), BLOCK_ROTARY=config.block(rotary_dim),
-        num_warps=config.num_warps(block_tokens * (latent_dim + rotary_dim)), **config.COMPILE_OPTIONS,
+        num_slots, kv_cache.size(1), latent_dim, rotary_dim,
+        stride_kv_c[0], stride_k[0], slot_mapping.stride(0), stride_cache[0], stride_cache[1],
+        ALIGNED=aligned, **constexprs,
     )

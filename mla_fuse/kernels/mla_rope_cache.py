@@ -27,32 +27,52 @@ Operands (element strides; the innermost stride is 1 everywhere):
   slot_mapping  [T' <= T]        int32/int64   stride_slot
   kv_cache      [NB, B, L + R]   in dtype, or uint8 codes for fp8   stride_cache_block, stride_cache_entry
   scale         [1]              fp32
+
+Compiled variants (docs/DESIGN.md): the sizes ``L`` and ``R/2`` are runtime values masked inside the
+power-of-two tiles ``BLOCK_LATENT`` and ``BLOCK_HALF``; ``FULL_*`` says a size fills its tile, and
+then the kernel uses the tile width itself (no mask, no clamp: the code of a constexpr size). Every
+argument is out of Triton's specialisation (``do_not_specialize`` and
+``do_not_specialize_on_alignment``, all int64): no integer's value and no single pointer's alignment
+makes a new kernel. What a GPU gains from alignment, 16-byte vector loads and stores, needs every
+row aligned at once, so the launcher checks all of them (addresses, strides and in-row offsets of
+``q_pe``, ``k_pe``, ``kv_c``, the table and the cache; ``k_pe`` lands at ``L`` in the entry, NeoX's
+second halves at ``R/2``) and passes one constexpr ``ALIGNED``; the kernel then marks its full
+tiles' pointers with ``tl.multiple_of``. Compiled variants: dtypes, formats, flags and tiles only.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton.language as tl
 
-from mla_fuse.kernels import config, jit
+from mla_fuse.kernels import EVERY_ARGUMENT, config, jit
 from mla_fuse.kernels.conversions import FP8_FORMATS, quantize
 from mla_fuse.kernels.indexing import cache_slots, head_range, token_range
 from mla_fuse.kernels.rotation import load_cos_sin, rotate_in_place, store_pairs
 
 
-@jit
+@jit(do_not_specialize=EVERY_ARGUMENT, do_not_specialize_on_alignment=EVERY_ARGUMENT)
 def mla_rope_cache_kernel(
     # pointers
     positions_ptr, q_pe_ptr, k_pe_ptr, kv_c_ptr, cos_sin_ptr, slot_mapping_ptr, kv_cache_ptr, scale_ptr,
     # sizes
-    num_tokens, num_heads, heads_per_program, num_slots, block_size,
+    num_tokens: tl.int64, num_heads: tl.int64, heads_per_program: tl.int64, num_slots: tl.int64,
+    block_size: tl.int64, latent_dim: tl.int64, half: tl.int64,
     # strides
-    stride_position, stride_q_token, stride_q_head, stride_k_token, stride_kv_c_token, stride_cos_sin_position,
-    stride_slot, stride_cache_block, stride_cache_entry,
+    stride_position: tl.int64, stride_q_token: tl.int64, stride_q_head: tl.int64, stride_k_token: tl.int64,
+    stride_kv_c_token: tl.int64, stride_cos_sin_position: tl.int64, stride_slot: tl.int64,
+    stride_cache_block: tl.int64, stride_cache_entry: tl.int64,
     # constexprs
-    LATENT: tl.constexpr, HALF: tl.constexpr, IS_NEOX: tl.constexpr, FP8_FORMAT: tl.constexpr,
-    BLOCK_TOKENS: tl.constexpr, BLOCK_HEADS: tl.constexpr, BLOCK_LATENT: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    IS_NEOX: tl.constexpr, FP8_FORMAT: tl.constexpr, BLOCK_TOKENS: tl.constexpr, BLOCK_HEADS: tl.constexpr,
+    BLOCK_LATENT: tl.constexpr, BLOCK_HALF: tl.constexpr, FULL_LATENT: tl.constexpr, FULL_HALF: tl.constexpr,
+    ALIGNED: tl.constexpr,
 ):
+    # ---- sizes: a full tile's width is the constexpr itself
+    latent_width = BLOCK_LATENT if FULL_LATENT else latent_dim
+    half_width = BLOCK_HALF if FULL_HALF else half
+
     # ---- program id -> tokens and heads
     tokens, token_mask = token_range(num_tokens, BLOCK_TOKENS)
     head_block = tl.program_id(1)
@@ -60,16 +80,18 @@ def mla_rope_cache_kernel(
 
     # ---- load position -> cos/sin  [BLOCK_TOKENS, 1, BLOCK_HALF], fp32
     cos, sin = load_cos_sin(positions_ptr, cos_sin_ptr, tokens, token_mask, stride_position, stride_cos_sin_position,
-                            HALF, BLOCK_HALF)
+                            half_width, BLOCK_HALF, FULL_HALF, ALIGNED)
 
     # ---- rotate q_pe[tokens, heads] in place
     q_rows = q_pe_ptr + tokens[:, None] * stride_q_token + heads[None, :] * stride_q_head
-    rotate_in_place(q_rows, token_mask[:, None] & head_mask[None, :], cos, sin, HALF, BLOCK_HALF, IS_NEOX)
+    rotate_in_place(q_rows, token_mask[:, None] & head_mask[None, :], cos, sin, half_width, BLOCK_HALF, FULL_HALF,
+                    IS_NEOX, ALIGNED)
 
     if head_block == 0:
         # ---- rotate k_pe[tokens] in place (every row, padded or not): pairs [BLOCK_TOKENS, 1, BLOCK_HALF, 2]
         k_rows = k_pe_ptr + tokens[:, None] * stride_k_token
-        k_pairs = rotate_in_place(k_rows, token_mask[:, None], cos, sin, HALF, BLOCK_HALF, IS_NEOX)
+        k_pairs = rotate_in_place(k_rows, token_mask[:, None], cos, sin, half_width, BLOCK_HALF, FULL_HALF, IS_NEOX,
+                                  ALIGNED)
 
         # ---- load slot -> cache entry (t < len(slot_mapping) and slot >= 0 only)
         block_index, block_offset, write = cache_slots(slot_mapping_ptr, tokens, token_mask, num_slots, stride_slot,
@@ -78,18 +100,42 @@ def mla_rope_cache_kernel(
 
         # ---- quantize (fp8 caches: code = fp8(clamp(x / scale))) of kv_c and of the rounded rotated k_pe
         latent = tl.arange(0, BLOCK_LATENT).to(tl.int64)[None, :]
-        latent_mask = write[:, None] & (latent < LATENT)
-        if BLOCK_LATENT != LATENT:  # clamp masked-off lanes in bounds
-            latent = tl.minimum(latent, LATENT - 1)
-        kv_c = tl.load(kv_c_ptr + tokens[:, None] * stride_kv_c_token + latent, mask=latent_mask)
+        latent_mask = write[:, None] & (latent < latent_width)
+        if not FULL_LATENT:  # clamp masked-off lanes in bounds
+            latent = tl.minimum(latent, latent_width - 1)
+        kv_c_ptrs = kv_c_ptr + tokens[:, None] * stride_kv_c_token + latent
+        latent_ptrs = kv_cache_ptr + entries[:, None] + latent
+        if ALIGNED and FULL_LATENT:  # 16-byte runs (the launcher checked every row)
+            kv_c_ptrs = tl.multiple_of(kv_c_ptrs, [1, 16])
+            latent_ptrs = tl.multiple_of(latent_ptrs, [1, 16])
+        kv_c = tl.load(kv_c_ptrs, mask=latent_mask)
         if FP8_FORMAT != 0:
             scale = tl.load(scale_ptr)
             kv_c = quantize(kv_c, scale, FP8_FORMAT)
             k_pairs = quantize(k_pairs, scale, FP8_FORMAT)
 
         # ---- store the entry [kv_c (L) | rotated k_pe (R)]
-        tl.store(kv_cache_ptr + entries[:, None] + latent, kv_c, mask=latent_mask)
-        store_pairs(kv_cache_ptr + (entries + LATENT)[:, None], write[:, None], k_pairs, HALF, BLOCK_HALF, IS_NEOX)
+        tl.store(latent_ptrs, kv_c, mask=latent_mask)
+        store_pairs(kv_cache_ptr + (entries + latent_width)[:, None], write[:, None], k_pairs, half_width, BLOCK_HALF,
+                    FULL_HALF, IS_NEOX, ALIGNED)
+
+
+@functools.lru_cache(config.LAUNCH_CACHE_SIZE)
+def launch_config(num_tokens: int, num_heads: int, rotary_dim: int, latent_dim: int, is_neox: bool,
+                  fp8_format: str | None) -> tuple[tuple, int, dict]:
+    """(grid, heads per program, constexprs and options) of a layout; memoized (``config``)."""
+    half = rotary_dim // 2
+    heads_per_program = config.heads_per_program(num_heads, rotary_dim)
+    block_heads = config.block(heads_per_program)
+    block_latent, block_half = config.block(latent_dim), config.block(half)
+    block_tokens = config.token_block(num_tokens, block_heads * rotary_dim + latent_dim + rotary_dim)
+    # head block 0 also rotates k_pe and writes the cache, so there is one even without query heads
+    grid = (config.cdiv(num_tokens, block_tokens), max(config.cdiv(num_heads, heads_per_program), 1))
+    return grid, heads_per_program, dict(
+        IS_NEOX=is_neox, FP8_FORMAT=FP8_FORMATS[fp8_format], BLOCK_TOKENS=block_tokens, BLOCK_HEADS=block_heads,
+        BLOCK_LATENT=block_latent, BLOCK_HALF=block_half, FULL_LATENT=latent_dim == block_latent,
+        FULL_HALF=half == block_half, num_warps=config.num_warps(block_tokens * block_heads * 2 * block_half),
+        **config.COMPILE_OPTIONS)
 
 
 def launch(positions: torch.Tensor, q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tensor,
@@ -102,19 +148,21 @@ def launch(positions: torch.Tensor, q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c
         return
     if fp8_format is not None:
         kv_cache = kv_cache.view(torch.uint8)  # same storage and strides; stores the code bits
+    grid, heads_per_program, constexprs = launch_config(num_tokens, num_heads, rotary_dim, latent_dim, bool(is_neox),
+                                                        fp8_format)
     half = rotary_dim // 2
-    heads_per_program = config.heads_per_program(num_heads, rotary_dim)
-    block_heads = config.block(heads_per_program)
-    block_tokens = config.token_block(num_tokens, block_heads * rotary_dim + latent_dim + rotary_dim)
-    # head block 0 also rotates k_pe and writes the cache, so there is one even without query heads
-    grid = (config.cdiv(num_tokens, block_tokens), max(config.cdiv(num_heads, heads_per_program), 1))
+    neox_half = half if is_neox else 0  # NeoX rows also move their second half as vectors
+    stride_q, stride_k, stride_kv_c = q_pe.stride(), k_pe.stride(), kv_c.stride()
+    stride_table, stride_cache = cos_sin_cache.stride(), kv_cache.stride()
+    aligned = config.aligned(
+        q_pe.data_ptr(), k_pe.data_ptr(), kv_c.data_ptr(), cos_sin_cache.data_ptr(), kv_cache.data_ptr(),
+        q_pe.element_size() * (stride_q[0] | stride_q[1] | stride_k[0] | stride_kv_c[0] | neox_half),
+        cos_sin_cache.element_size() * (stride_table[0] | half),
+        kv_cache.element_size() * (stride_cache[0] | stride_cache[1] | latent_dim | neox_half))
     mla_rope_cache_kernel[grid](
         positions, q_pe, k_pe, kv_c, cos_sin_cache, slot_mapping, kv_cache, scale,
-        num_tokens, num_heads, heads_per_program, slot_mapping.size(0), kv_cache.size(1),
-        positions.stride(0), q_pe.stride(0), q_pe.stride(1), k_pe.stride(0), kv_c.stride(0),
-        cos_sin_cache.stride(0), slot_mapping.stride(0), kv_cache.stride(0), kv_cache.stride(1),
-        LATENT=latent_dim, HALF=half, IS_NEOX=is_neox, FP8_FORMAT=FP8_FORMATS[fp8_format],
-        BLOCK_TOKENS=block_tokens, BLOCK_HEADS=block_heads,
-        BLOCK_LATENT=config.block(latent_dim), BLOCK_HALF=config.block(half),
-        num_warps=config.num_warps(block_tokens * block_heads * rotary_dim), **config.COMPILE_OPTIONS,
+        num_tokens, num_heads, heads_per_program, slot_mapping.size(0), kv_cache.size(1), latent_dim, half,
+        positions.stride(0), stride_q[0], stride_q[1], stride_k[0], stride_kv_c[0],
+        stride_table[0], slot_mapping.stride(0), stride_cache[0], stride_cache[1],
+        ALIGNED=aligned, **constexprs,
     )

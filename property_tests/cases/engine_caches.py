@@ -1,4 +1,4 @@
-"""Paged caches laid out the way serving engines lay them out, and what a compiled step allocates.
+"""Paged caches laid out the way serving engines lay them out.
 
 An engine owns one KV pool and hands each attention layer *views* of it; K and V are
 usually two views of one tensor. ``build_caches`` reproduces those layouts:
@@ -28,14 +28,14 @@ MLA layers hold ``[NB, B, L + R]``. Every byte of every pool starts as ``SENTINE
 zeros), so a write outside a view, into the wrong layer, or into a copy shows when the pools
 are compared (``pools_bitwise_equal``).
 
-``allocated_bytes`` measures what one call allocates (torch.profiler, ``profile_memory=True``):
-CONTRACT §6 requires a compiled step to allocate nothing that grows with the cache.
+What one step allocates is measured by ``running.devices.allocated_bytes`` (per device: the CPU
+memory profiler, or CUDA's allocator statistics): CONTRACT §6 requires a compiled step to allocate
+nothing that grows with the cache.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
 
 import torch
 
@@ -225,17 +225,3 @@ def pools_bitwise_equal(actual: EngineCaches, expected: EngineCaches) -> list[st
             problems.append(f"pool {i} ({actual.layout.describe()}): {where.numel()} bytes differ, "
                             f"first at byte {int(where[0])}")
     return problems
-
-
-# ------------------------------------------------------------------ what a step allocates
-
-
-def allocated_bytes(step: Callable[[], object]) -> int:
-    """Bytes allocated by the ops ``step()`` runs (torch.profiler, ``profile_memory=True``): the sum of
-    every op's positive self memory usage, allocations made outside any op included."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
-    return sum(max(event.self_cpu_memory_usage, 0) for event in prof.events())
-

@@ -12,7 +12,7 @@ import uuid
 import torch
 
 import mla_fuse.compile as mc
-from mla_fuse_conformance.cases.engine_caches import EngineCaches, allocated_bytes, build_caches, pools_bitwise_equal
+from mla_fuse_conformance.cases.engine_caches import EngineCaches, build_caches, pools_bitwise_equal
 from mla_fuse_conformance.compile_passes.cases import CompileCase, describe
 from mla_fuse_conformance.compile_passes.inspection import (
     ATTENTION, CACHE_KERNEL, FUSED_KERNEL, PASS_NAME, counting_kernel_calls, result_differences,
@@ -20,6 +20,7 @@ from mla_fuse_conformance.compile_passes.inspection import (
 from mla_fuse_conformance.compile_passes.models import build_model, make_step, run, same_weights, Step
 from mla_fuse_conformance.compile_passes.opcheck import check_update_ops
 from mla_fuse_conformance.contract.implementation import pass_mutants
+from mla_fuse_conformance.running.devices import allocated_bytes, kernels_device
 from mla_fuse_conformance.running.events import event as harness_event
 
 PASSES_IMPLEMENTATION = "triton"  # what the passes insert: mla_fuse.ops
@@ -38,7 +39,8 @@ def case_caches(case: CompileCase, blocks: int | None = None) -> EngineCaches:
     else:
         storage = case.model.torch_dtype
     return build_caches(case.model.cache_specs(), case.layout, blocks=blocks or case.blocks,
-                        block_size=case.block_size, dtype=storage, kv_cache_dtype=case.kv_cache_dtype)
+                        block_size=case.block_size, dtype=storage, kv_cache_dtype=case.kv_cache_dtype,
+                        device=kernels_device())
 
 
 def case_step(case: CompileCase, tokens: int | None = None) -> Step:

@@ -15,6 +15,11 @@ DeepSeek YaRN native form, and an inverse rotation no pattern covers) and each l
                               reader besides its re-split)
 ``splits_along_two_dims``     the layer output, viewed as ``[T, n, n]``, is split with the same sizes
                               along dim 1 and along dim 2 (two splits that must stay two): must fuse
+``scattered_copy_reader``     the rotated k (MLA ``k_pe``) is also copied into a slice of a buffer of
+                              the layer's own (``packed[:, 1:] = k``, a ``slice_scatter`` into another
+                              tensor, as vLLM's DeepSeek-V2 layer assembles its k), and another op
+                              reads that buffer: must fuse, and the scatter must stay (it is no
+                              write-back of k: dropping it leaves the reader the buffer's zeros)
 ============================  ====================================================================
 
 ``FUSING_SITUATIONS`` are those in which the fusion must fire (where allowed).
@@ -28,8 +33,8 @@ from mla_fuse.layers import DeepseekScalingRotaryEmbedding, MHAAttention, MLAAtt
 
 ROPE_FORMS = ("custom_op", "native", "deepseek_native")
 SITUATIONS = ("plain", "pre_rotation_reader", "second_reader", "unsupported_rope", "second_split_reader",
-              "splits_along_two_dims")
-FUSING_SITUATIONS = ("plain", "splits_along_two_dims")
+              "splits_along_two_dims", "scattered_copy_reader")
+FUSING_SITUATIONS = ("plain", "splits_along_two_dims", "scattered_copy_reader")
 POSITIONS = 64          # rows of a plain table; a DeepSeek table has POSITIONS // 4 * 4
 YARN_FACTOR = 4.0
 
@@ -189,6 +194,30 @@ class SplitsAlongTwoDimsMHA(MHAAttention):
         return _splits_along_two_dims(out), q, k
 
 
+def _scattered_copy_read(out: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """``out`` plus, in its first column, the last column of ``packed = [0 | k]``, a buffer the rotated
+    ``k [T, W]`` is copied into (``packed[:, 1:] = k``: a ``slice_scatter`` into a tensor of its own)."""
+    packed = k.new_zeros(k.size(0), k.size(-1) + 1)
+    packed[:, 1:] = k
+    return torch.cat([_plus(out[:, :1], packed[:, -1:]), out[:, 1:]], dim=-1)
+
+
+class ScatteredCopyReaderMLA(MLAAttention):
+    """A plain MLA layer whose rotated ``k_pe`` is also copied into a buffer another op reads."""
+
+    def forward_with_rope_outputs(self, positions, hidden_states):
+        out, q, k_pe = super().forward_with_rope_outputs(positions, hidden_states)
+        return _scattered_copy_read(out, k_pe), q, k_pe
+
+
+class ScatteredCopyReaderMHA(MHAAttention):
+    """A plain MHA layer whose rotated ``k`` is also copied into a buffer another op reads."""
+
+    def forward_with_rope_outputs(self, positions, hidden_states):
+        out, q, k = super().forward_with_rope_outputs(positions, hidden_states)
+        return _scattered_copy_read(out, k), q, k
+
+
 LAYER_CLASSES = {
     ("mla", "plain"): MLAAttention, ("mla", "pre_rotation_reader"): PreRotationReaderMLA,
     ("mla", "second_reader"): SecondReaderMLA, ("mla", "unsupported_rope"): MLAAttention,
@@ -196,5 +225,6 @@ LAYER_CLASSES = {
     ("mha", "plain"): MHAAttention, ("mha", "pre_rotation_reader"): PreRotationReaderMHA,
     ("mha", "second_reader"): SecondReaderMHA, ("mha", "unsupported_rope"): MHAAttention,
     ("mha", "second_split_reader"): SecondSplitReaderMHA, ("mha", "splits_along_two_dims"): SplitsAlongTwoDimsMHA,
+    ("mla", "scattered_copy_reader"): ScatteredCopyReaderMLA, ("mha", "scattered_copy_reader"): ScatteredCopyReaderMHA,
 }
 

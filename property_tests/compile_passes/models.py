@@ -2,7 +2,9 @@
 fusion pass must recognise and steps, shared by the compile-pass property,
 the pass unit tests, the pass mutation self-test and ``benchmarks/bench_compile.py``.
 
-Sizes stay small: the kernels run through Triton's interpreter on CPU.
+Sizes stay small: on a CPU the kernels run through Triton's interpreter. Models, caches and steps
+are built on the kernels' device (``running.devices.kernels_device``: CUDA when mla_fuse's kernels
+run on the GPU in this process, else the CPU).
 
 A model is described by a ``ModelSpec``: per layer its kind (``mla``/``mha``, so stacks may
 be hybrid) and its *situation* (``layers``: ``plain``, ``pre_rotation_reader``,
@@ -27,6 +29,7 @@ import mla_fuse.compile as mc
 from mla_fuse.layers import LayerKVCache, RotaryEmbedding, set_forward_context
 from mla_fuse_conformance.cases.engine_caches import CacheLayout, EngineCaches, MhaCacheSpec, MlaCacheSpec, build_caches
 from mla_fuse_conformance.compile_passes.layers import LAYER_CLASSES, POSITIONS, InverseRope, make_rope
+from mla_fuse_conformance.running.devices import kernels_device
 
 
 # ------------------------------------------------------------------ models
@@ -120,9 +123,10 @@ READERS_OF_THE_BUFFER = ("second_reader", "second_split_reader")  # read the pro
 
 
 def build_model(spec: ModelSpec, use_custom_op: bool | None = None) -> ToyModel:
-    """The spec's model with seeded weights. ``use_custom_op=True`` gives the eager reference: the
-    unfused kernels, except in a layer of ``READERS_OF_THE_BUFFER``, whose reader sees the buffer the
-    rope wrote in place (custom op) or left alone (native forms), so its reference keeps the spec's form."""
+    """The spec's model with seeded weights, on the kernels' device. ``use_custom_op=True`` gives the
+    eager reference: the unfused kernels, except in a layer of ``READERS_OF_THE_BUFFER``, whose reader
+    sees the buffer the rope wrote in place (custom op) or left alone (native forms), so its reference
+    keeps the spec's form."""
     torch.manual_seed(spec.seed)
     shared: dict = {}
     layers = []
@@ -137,7 +141,7 @@ def build_model(spec: ModelSpec, use_custom_op: bool | None = None) -> ToyModel:
         else:
             g = spec.mha
             layers.append(cls(spec.hidden, g.heads, g.kv_heads, g.head_size, rope, name))
-    return ToyModel(layers).to(spec.torch_dtype)
+    return ToyModel(layers).to(device=kernels_device(), dtype=spec.torch_dtype)
 
 
 def same_weights(model: ToyModel, other: ToyModel) -> ToyModel:
@@ -157,7 +161,8 @@ class Step:
 
 def make_step(spec: ModelSpec, tokens: int, slots: int, *, seed: int, padded=(), unmapped=()) -> Step:
     """Positions anywhere in the table (last row included), hidden states, per layer distinct slots
-    in ``[0, slots)``; tokens in ``padded`` get slot -1 in every layer, layers in ``unmapped`` none."""
+    in ``[0, slots)``; tokens in ``padded`` get slot -1 in every layer, layers in ``unmapped`` none.
+    Drawn on the CPU (the same values on every device), then moved to the kernels' device."""
     generator = torch.Generator().manual_seed(seed)
     positions = torch.randint(0, spec.table_rows(), (tokens,), generator=generator)
     hidden = torch.randn(tokens, spec.hidden, generator=generator).to(spec.torch_dtype)
@@ -166,7 +171,9 @@ def make_step(spec: ModelSpec, tokens: int, slots: int, *, seed: int, padded=(),
         layer_slots = torch.randperm(slots, generator=generator)[:tokens]
         layer_slots[list(padded)] = -1
         slot_mapping[name] = None if i in unmapped else layer_slots
-    return Step(positions, hidden, slot_mapping)
+    device = kernels_device()
+    return Step(positions.to(device), hidden.to(device),
+                {name: None if slots_ is None else slots_.to(device) for name, slots_ in slot_mapping.items()})
 
 
 def run(model, caches: dict[str, LayerKVCache], step: Step, *, dynamic: bool = False):
@@ -210,11 +217,11 @@ BLOCKS, BLOCK_SIZE = 8, 4
 
 def toy_caches(kind: str, num_layers: int, kv_cache_dtype: str = "auto", dtype=torch.bfloat16,
                layout: CacheLayout = CacheLayout("separate", "split")) -> EngineCaches:
-    """Sentinel-filled caches of the fixed toy models (fp8 in uint8 storage)."""
+    """Sentinel-filled caches of the fixed toy models (fp8 in uint8 storage), on the kernels' device."""
     spec = ModelSpec((kind,) * num_layers, ("plain",) * num_layers)
     storage = torch.uint8 if kv_cache_dtype.startswith("fp8") else dtype
     return build_caches(spec.cache_specs(), layout, blocks=BLOCKS, block_size=BLOCK_SIZE, dtype=storage,
-                        kv_cache_dtype=kv_cache_dtype)
+                        kv_cache_dtype=kv_cache_dtype, device=kernels_device())
 
 
 def toy_step(kind: str, num_layers: int, tokens: int, seed: int = 1) -> Step:

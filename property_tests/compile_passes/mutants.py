@@ -104,6 +104,22 @@ def _drop_scatters(graph, node):
             graph.erase_node(user)
 
 
+def _drop_every_scatter_of_the_new_value(self, new_value, arg):
+    """``_drop_write_backs`` taking every ``slice_scatter`` of the new value for a write-back over ``arg``
+    (no ``aliasing.is_write_back``): a scatter into another buffer is dropped too, and its readers read
+    that buffer as it was before the scatter."""
+    for user in list(new_value.users):
+        if aliasing.same_shape_reshape(user) or (
+                is_op(user, aten.copy.default) and user.meta["val"].shape == new_value.meta["val"].shape
+                and user.args[1] is new_value):
+            _drop_every_scatter_of_the_new_value(self, user, arg)
+            user.replace_all_uses_with(new_value)
+            self.graph.erase_node(user)
+        elif is_op(user, aten.slice_scatter.default) and user.args[1] is new_value:
+            user.replace_all_uses_with(user.args[0])
+            self.graph.erase_node(user)
+
+
 def _graph_start(self):
     """The in-place call goes before the first computation: before its inputs exist."""
     return next(node for node in self.graph.nodes if node.op != "placeholder")
@@ -335,6 +351,10 @@ PASS_MUTANTS = {m.name: m for m in [
     PassMutant("deletes_a_scatter_with_other_readers", "an intermediate with other users deleted",
                _patches((scatter_split_replace.ScatterSplitReplacementPattern, "sole_resplit",
                          staticmethod(_scatter_deleted_under_its_readers)))),
+    PassMutant("drops_a_scatter_into_another_buffer", "an intermediate with other users deleted (a scatter of "
+               "the rotated k into a buffer another op reads, taken for k's write-back)",
+               _patches((defunctionalize.DefunctionalizationPattern, "_drop_write_backs",
+                         _drop_every_scatter_of_the_new_value))),
     PassMutant("drops_a_scatter_read_by_another_split", "an intermediate with other users deleted (a second "
                "split of the scattered buffer)",
                _patches((scatter_split_replace.ScatterSplitReplacementPattern, "sole_resplit",

@@ -29,7 +29,7 @@ def _hint(size) -> int:
 def _real(val: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """A real tensor with ``val``'s shape, strides and dtype (sizes at their compile-time hint)."""
     size, stride = [_hint(s) for s in val.size()], [_hint(s) for s in val.stride()]
-    tensor = torch.empty_strided(size, stride, dtype=val.dtype)
+    tensor = torch.empty_strided(size, stride, dtype=val.dtype, device=val.device)
     if val.dtype.is_floating_point:
         tensor.copy_(torch.randn(size, generator=generator).to(val.dtype))
     else:

@@ -24,7 +24,9 @@ then requires:
   came from the cache, and computes the same bits.
 
 These properties test the passes (through ``mla_fuse.ops``, i.e. the ``triton`` implementation),
-not an implementation under ``--mla-fuse-impl``. An example runs as the kernel properties' do
+not an implementation under ``--mla-fuse-impl``. Models, caches and steps live on the kernels' device
+(``running.devices.kernels_device``: CUDA in a process whose kernels run on the GPU, where Inductor
+generates Triton code, else the CPU), and a step's bytes are counted with that device's statistics. An example runs as the kernel properties' do
 (``harness.PropertyRun.example``; ``harness.property_named`` finds the test): a failing one leaves a failure
 file in the same format (``running/recording.py``), holding the ``CompileCase`` itself, which
 ``mla-fuse repro FILE`` replays without hypothesis; it also prints ``case = CompileCase(...)``.
@@ -68,7 +70,8 @@ EXPLICIT = [
     # readers the fusion must respect: a second reader of the packed qkv, a pre-rotation k_pe
     CompileCase(ModelSpec(("mha", "mla"), ("second_reader", "pre_rotation_reader"), is_neox=True),
                 CacheLayout("chunked", "flash"), settings=FusionSettings(level=3)),
-    CompileCase(ModelSpec(("mha", "mla"), ("second_reader", "pre_rotation_reader"), rope="native")),
+    # the rotated k also scattered (copied) into a buffer of the layer's own that another op reads: no write-back
+    CompileCase(ModelSpec(("mha", "mla"), ("scattered_copy_reader",) * 2, rope="native")),
     # what must stay unfused: a rope no pattern covers; a split point; a format not fusable; O1
     CompileCase(ModelSpec(("mla", "mha"), ("unsupported_rope", "plain"), rope="deepseek_native"),
                 settings=FusionSettings(splitting_ops=("mla_fuse::unified_kv_cache_update",))),
@@ -102,11 +105,6 @@ def passes_run_on_our_kernels(request):
     spec = resolve_spec(request.config.getoption("mla_fuse_impl"))
     if spec != PASSES_IMPLEMENTATION:
         pytest.skip(f"compile passes call mla_fuse.ops (the triton implementation); --mla-fuse-impl={spec} does not apply")
-    from mla_fuse.kernels import BACKEND
-
-    if BACKEND == "gpu":  # the toy models, their caches and steps are CPU tensors (docs/GPU.md)
-        pytest.skip("the compile-pass models are built on the CPU and this process runs mla_fuse's kernels on the GPU; "
-                    "this property runs where they are interpreted (MLA_FUSE_TRITON_BACKEND=interpreter: the CPU job)")
 
 
 def budget(test):
