@@ -1,49 +1,127 @@
 #!/usr/bin/env bash
-# GPU job (self-hosted runner with CUDA): the verify report in the gpu profile, the benchmark and
-# the suite in the gpu profile, each step run even when an earlier one failed; exit 1 if any did.
+# GPU job (a runner with CUDA): steps that together fit one 15-minute job, each under its own time
+# limit, each run even when an earlier one failed, ending in a one-screen summary; exit 1 if any failed.
 #
-# Online (default): installs the CUDA build of torch 2.13.0 (the CPU pin of .ci/run would not see
-# the GPU) with the triton it requires (3.7.1; triton 3.9 does not resolve next to it).
-# Offline runner whose python3 already holds a CUDA build of torch and triton:
-#   MLA_FUSE_WHEELS=DIR  installs the wheels in DIR (mla_fuse's, any of the test extra the machine
-#                        lacks), no index, no dependencies, into that python3's own environment
-#                        (make them where pip works: `pip wheel --no-deps -w DIR .`).
-# MLA_FUSE_GPU_STEPS     the steps, in order (default: "verify bench test compile")
-# MLA_FUSE_GPU_TESTS     the test step's tests/ files (default: the kernel and op tests that build their
-#                        tensors on the kernels' device; the compile step runs the pass tests)
-# compile step:          ci/gpu_compile_check.py (a DeepSeek-shaped decoder through Inductor's Triton code
-#                        generation, O2 vs O1 bitwise, CUDA graph replay) and the pass tests of tests/, which
-#                        build their models on the kernels' device
-# MLA_FUSE_STEP_SECONDS  a limit per step (default: none); a step past it counts as failed
+#   dispatch  host microseconds per eager call, torch.ops and mla_fuse.ops, real launches
+#             (benchmarks/bench_validation.py --device cuda --launch)                      default 45 s
+#   bench     the fused op eager / under CUDA-graph replay / host us, against the unfused pair,
+#             FlagGems (when importable) and a device copy of the same bytes (bench_ops.py)   150 s
+#   compile   the compile path on CUDA Inductor (Triton code generation): ci/gpu_compile_check.py
+#             (a DeepSeek-shaped decoder at O2 vs O1, recompiles, CUDA-graph replay) and the
+#             pass tests of tests/, which build their models on the kernels' device            240 s
+#   keys      compiled-kernel budget: one property in the gpu profile on an empty Triton cache,
+#             then again with the same seed on that cache (must compile nothing new)          120 s
+#   repro     the reproducers' CUDA path: a planted bug's cell, its script run with DEVICE='cuda'
+#             (reproduces; passes with --reference)                                          120 s
+#   verify    mla-fuse verify --profile gpu, the whole profile (kernels compiled are counted)  480 s
+#   test      the suite (gpu profile) and the tests/ files that run on the kernels' device     480 s
+#
+# MLA_FUSE_GPU_STEPS     the steps, in order (default: "dispatch bench compile keys repro verify")
+# MLA_FUSE_STEP_SECONDS  one limit for every step instead of the defaults above; a step past its
+#                        limit counts as failed, and what it printed is kept in reports/gpu/<step>.log
+# MLA_FUSE_BENCH_ARGS    arguments for bench_ops.py (default: its own token and head counts)
+# MLA_FUSE_GPU_TESTS     the test step's tests/ files (default: the kernel, op and pass tests)
+#
+# Triton's cache: compiled kernels are kept in $TRITON_CACHE_DIR (Triton's default:
+# ~/.triton/cache). Keep that directory between runs (the workflow caches it) and a rerun compiles
+# only kernels it has not seen; the verify step prints how many it compiled. For a cold measurement
+# point TRITON_CACHE_DIR at an empty directory.
+#
+# Online (default): installs the CUDA build of torch 2.13.0 with the test and bench extras.
+# Offline runner whose python3 already holds a CUDA build of torch (>= 2.11) and triton (>= 3.6):
+#   MLA_FUSE_WHEELS=DIR  installs every wheel in DIR (mla_fuse's: `pip wheel --no-deps -w DIR .`;
+#                        flag-gems, sqlalchemy and greenlet for the FlagGems peer; any of the test
+#                        extra the machine lacks) with no index and no dependencies.
+#   MLA_FUSE_INSTALLED=1 installs nothing: python3 already imports mla_fuse and its test extra.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-if [ -n "${MLA_FUSE_WHEELS:-}" ]; then
+if [ -n "${MLA_FUSE_INSTALLED:-}" ]; then
+  :  # mla_fuse and its test extra are already importable by python3 (a prepared image, a venv)
+elif [ -n "${MLA_FUSE_WHEELS:-}" ]; then
   python3 -m pip install -q --no-index --no-deps --force-reinstall "$MLA_FUSE_WHEELS"/*.whl || exit 1
 else
   python3 -m venv .venv && . .venv/bin/activate || exit 1
   pip install -q torch==2.13.0 -e ".[dev,bench]" || exit 1
 fi
+mkdir -p reports/gpu
 python3 -c 'import torch, triton, hypothesis, mla_fuse
 print("torch", torch.__version__, "triton", triton.__version__, "hypothesis", hypothesis.__version__,
-      "mla_fuse", mla_fuse.__version__, "device", torch.cuda.get_device_name() if torch.cuda.is_available() else "none")'
-limit=(timeout "${MLA_FUSE_STEP_SECONDS:-0}")
-failed=()
-for step in ${MLA_FUSE_GPU_STEPS:-verify bench test compile}; do
-  echo "== $step ($(date -u +%H:%M:%S))"
-  case $step in
-    verify) "${limit[@]}" mla-fuse verify --profile gpu --report-dir reports/verify-gpu -n auto ;;
-    bench) "${limit[@]}" python3 benchmarks/bench_ops.py --out reports/bench ;;
-    test) "${limit[@]}" python3 -m pytest -n auto --hypothesis-profile=mla_fuse.gpu --junitxml=reports/pytest-gpu.xml \
-            --pyargs mla_fuse_conformance --mla-fuse-impl=triton; suite=$?
-          "${limit[@]}" python3 -m pytest -n auto --hypothesis-profile=mla_fuse.gpu \
-            --junitxml=reports/pytest-gpu-tests.xml ${MLA_FUSE_GPU_TESTS:-tests/test_kernels.py tests/test_custom_ops.py \
-            tests/test_overlap.py tests/test_bad_input_crashes.py} && [ $suite -eq 0 ] ;;
-    compile) "${limit[@]}" python3 ci/gpu_compile_check.py; check=$?
-             "${limit[@]}" python3 -m pytest -n auto --hypothesis-profile=mla_fuse.gpu \
-               --junitxml=reports/pytest-gpu-passes.xml tests/test_passes_mla.py tests/test_passes_mha.py \
-               tests/test_pass_regressions.py tests/test_pass_situations.py && [ $check -eq 0 ] ;;
-    *) echo "unknown step: $step (verify, bench, test, compile)"; false ;;
-  esac || failed+=("$step")
+      "mla_fuse", mla_fuse.__version__, "device", torch.cuda.get_device_name() if torch.cuda.is_available() else "none")' \
+  | tee reports/gpu/versions.txt
+
+declare -A LIMIT=([dispatch]=45 [bench]=150 [compile]=240 [keys]=120 [repro]=120 [verify]=480 [test]=480)
+cache_dir=${TRITON_CACHE_DIR:-$HOME/.triton/cache}
+kernels() { find "$1" -name '*.cubin' -o -name '*.hsaco' 2>/dev/null | wc -l; }
+suite=(python3 -m pytest -p no:cacheprovider --pyargs mla_fuse_conformance --mla-fuse-impl=triton)
+
+step_keys() {  # one property, an empty cache, then the same seed again on that cache
+  local cold property=test_mla_cache_write_matches_reference
+  cold=$(mktemp -d)
+  for run in first again; do
+    TRITON_CACHE_DIR=$cold "${suite[@]}" -q -n auto --hypothesis-profile=mla_fuse.gpu --hypothesis-seed=0 \
+      -k "$property" || return 1
+    echo "summary: $property, gpu profile, seed 0, $run run: $(kernels "$cold") kernels in the cache"
+  done
+}
+
+step_repro() {  # a planted bug on CUDA: each cell's reproducer must name DEVICE='cuda', reproduce, pass --reference
+  local dir=reports/gpu/repro
+  rm -rf "$dir" && mkdir -p "$dir"
+  mla-fuse verify --impl mutant:sin_sign_flipped --profile dev --map-rounds 1 -n 4 --report-dir "$dir" \
+    -- -k test_fused_mla_matches_reference | tee "$dir.out"
+  local made reproduced cuda
+  made=$(grep -c '^reproducer: ' "$dir.out")
+  reproduced=$(grep -c '^reproducer: .*(reproduced)$' "$dir.out")
+  cuda=$(grep -l "DEVICE.*= .*'cuda'" "$dir"/reproducers/*.py 2>/dev/null | wc -l)
+  echo "summary: $made reproducers, $reproduced reproduced and passed with --reference, $cuda with DEVICE='cuda'"
+  [ "${made:-0}" -gt 0 ] && [ "$made" = "$reproduced" ] && [ "$made" = "$cuda" ]
+}
+
+run_step() {
+  case $1 in
+    dispatch) python3 benchmarks/bench_validation.py --device cuda --launch ;;
+    bench) python3 benchmarks/bench_ops.py --out reports/bench ${MLA_FUSE_BENCH_ARGS:-} ;;
+    compile) python3 ci/gpu_compile_check.py; local check=$?
+             python3 -m pytest -p no:cacheprovider -q -n auto --junitxml=reports/pytest-gpu-passes.xml \
+               tests/test_passes_mla.py tests/test_passes_mha.py tests/test_pass_regressions.py \
+               tests/test_pass_situations.py && [ $check -eq 0 ] ;;
+    keys) step_keys ;;
+    repro) step_repro ;;
+    verify) local before after status
+            before=$(kernels "$cache_dir")
+            mla-fuse verify --profile gpu --report-dir reports/gpu/verify -n auto; status=$?
+            after=$(kernels "$cache_dir")
+            echo "summary: verify --profile gpu exit $status; $((after - before)) kernels compiled ($after in $cache_dir)"
+            return $status ;;
+    test) "${suite[@]}" -n auto --hypothesis-profile=mla_fuse.gpu --junitxml=reports/pytest-gpu.xml; local status=$?
+          python3 -m pytest -p no:cacheprovider -n auto --junitxml=reports/pytest-gpu-tests.xml \
+            ${MLA_FUSE_GPU_TESTS:-tests/test_kernels.py tests/test_custom_ops.py tests/test_overlap.py \
+            tests/test_bad_input_crashes.py tests/test_passes_mla.py tests/test_passes_mha.py} && [ $status -eq 0 ] ;;
+    *) echo "unknown step: $1 (${!LIMIT[*]})"; return 2 ;;
+  esac
+}
+
+summary=()
+failed=0
+for step in ${MLA_FUSE_GPU_STEPS:-dispatch bench compile keys repro verify}; do
+  limit=${MLA_FUSE_STEP_SECONDS:-${LIMIT[$step]:-600}}
+  echo "== $step (limit ${limit} s, $(date -u +%H:%M:%S))"
+  started=$SECONDS
+  # the step in a child shell of its own, so that `timeout` can stop it and everything it started
+  export -f run_step step_keys step_repro kernels
+  export cache_dir
+  timeout --kill-after=10 "$limit" bash -c "suite=(${suite[*]}); run_step $step" 2>&1 | tee "reports/gpu/$step.log"
+  status=${PIPESTATUS[0]}
+  seconds=$((SECONDS - started))
+  verdict=$([ "$status" -eq 0 ] && echo ok || { [ "$status" -eq 124 ] && echo "TIMED OUT" || echo "FAILED ($status)"; })
+  [ "$status" -eq 0 ] || failed=1
+  summary+=("$(printf '%-9s %-11s %5s s' "$step" "$verdict" "$seconds")")
+  # the step's own summary lines, else pytest's closing line, else its last line
+  lines=$(grep -a '^summary: ' "reports/gpu/$step.log" || grep -aE '[0-9]+ (passed|failed)' "reports/gpu/$step.log" \
+          | tail -1 || tail -1 "reports/gpu/$step.log")
+  while IFS= read -r line; do [ -n "$line" ] && summary+=("          ${line#summary: }"); done \
+    < <(printf '%s\n' "$lines" | cut -c1-150)
 done
-echo "== done ($(date -u +%H:%M:%S)); failed: ${failed[*]:-none}"
-[ ${#failed[@]} -eq 0 ]
+echo "== summary ($(date -u +%H:%M:%S); $(cat reports/gpu/versions.txt))"
+printf '%s\n' "${summary[@]}"
+exit $failed
