@@ -17,8 +17,9 @@
 #   test      the suite (gpu profile) and the tests/ files that run on the kernels' device     480 s
 #
 # MLA_FUSE_GPU_STEPS     the steps, in order (default: "dispatch bench compile keys repro verify")
-# MLA_FUSE_STEP_SECONDS  one limit for every step instead of the defaults above; a step past its
-#                        limit counts as failed, and what it printed is kept in reports/gpu/<step>.log
+# MLA_FUSE_STEP_SECONDS  one limit for every step instead of the defaults above, and
+# MLA_FUSE_LIMIT_<step>  one step's limit (MLA_FUSE_LIMIT_verify=300); a step past its limit counts
+#                        as failed, and what it printed is kept in reports/gpu/<step>.log
 # MLA_FUSE_BENCH_ARGS    arguments for bench_ops.py (default: its own token and head counts)
 # MLA_FUSE_GPU_TESTS     the test step's tests/ files (default: the kernel, op and pass tests)
 #
@@ -104,7 +105,8 @@ run_step() {
 summary=()
 failed=0
 for step in ${MLA_FUSE_GPU_STEPS:-dispatch bench compile keys repro verify}; do
-  limit=${MLA_FUSE_STEP_SECONDS:-${LIMIT[$step]:-600}}
+  own=MLA_FUSE_LIMIT_$step
+  limit=${!own:-${MLA_FUSE_STEP_SECONDS:-${LIMIT[$step]:-600}}}
   echo "== $step (limit ${limit} s, $(date -u +%H:%M:%S))"
   started=$SECONDS
   # the step in a child shell of its own, so that `timeout` can stop it and everything it started
