@@ -48,7 +48,9 @@ def test_fuses_and_matches_eager(form, is_neox, kv_cache_dtype, rotary_dim):
     counts = mc.match_counts(compiled)
     assert counts["rope_kvcache_fusion"] == 2 and counts["defunctionalization"] == 2, counts
     if form == "custom_op":
-        assert counts["scatter_split_replacement"] == 2 and counts["split_coalescing"] > 0, counts
+        assert counts["scatter_split_replacement"] == 2, counts
+        # torch 2.15 reads the write-back with one slice per part: no duplicate re-splits to coalesce
+        assert counts["split_coalescing"] > 0 or mc.torch_release() >= (2, 15), counts
     assert count_calls(graph, FUSED_MHA) == 2 and count_calls(graph, UNIFIED_MHA) == 0
     assert count_calls(graph, ROTARY) == 0 and native_rope_nodes(graph) == 0
     assert count_slice_scatters(graph) == 0
@@ -73,7 +75,14 @@ def test_off(compile_kwargs):
     assert count_slice_scatters(final_graph(compiled)) == 0  # utility passes ran: rope outputs feed the update
 
 
-@pytest.mark.parametrize("situation", ["unsupported_rope", "pre_rotation_reader", "second_reader"])
+# Inductor 2.11/2.12 itself, no pass running, drops a bf16 rounding this model's second reader sees
+# (mla_fuse.compile.ROUNDING_KEPT_SINCE, docs/PASSES.md "torch versions"): compiled != eager there.
+SECOND_READER = pytest.param("second_reader", marks=pytest.mark.xfail(
+    mc.torch_release() < mc.ROUNDING_KEPT_SINCE, strict=True,
+    reason="torch < 2.13: Inductor drops x.to(bfloat16).float()'s rounding (pointless_convert)"))
+
+
+@pytest.mark.parametrize("situation", ["unsupported_rope", "pre_rotation_reader", SECOND_READER])
 def test_off_in_each_near_miss(situation, form="native"):
     """(The custom-op forms of these near misses are explicit examples of the compile-pass property.)"""
     _check_off(*_run_pair(form, True, num_layers=1, situation=situation))

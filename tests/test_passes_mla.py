@@ -187,7 +187,14 @@ def test_off_for_a_cache_format_that_cannot_be_fused():
     _check_unfused(compiled, calls, 1)
 
 
-@pytest.mark.parametrize("situation", ["unsupported_rope", "pre_rotation_reader", "second_reader"])
+# Inductor 2.11/2.12 itself, no pass running, drops a bf16 rounding this model's second reader sees
+# (mla_fuse.compile.ROUNDING_KEPT_SINCE, docs/PASSES.md "torch versions"): compiled != eager there.
+SECOND_READER = pytest.param("second_reader", marks=pytest.mark.xfail(
+    mc.torch_release() < mc.ROUNDING_KEPT_SINCE, strict=True,
+    reason="torch < 2.13: Inductor drops x.to(bfloat16).float()'s rounding (pointless_convert)"))
+
+
+@pytest.mark.parametrize("situation", ["unsupported_rope", "pre_rotation_reader", SECOND_READER])
 def test_off_in_each_near_miss(situation, form="native"):
     """(The custom-op forms of these near misses are explicit examples of the compile-pass property.)"""
     compiled, calls = _compile_and_run(mla_model(1, form, situation=situation), toy_caches("mla", 1))

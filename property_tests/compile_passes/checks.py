@@ -63,12 +63,24 @@ class Run:
         self.reference = build_model(case.model, use_custom_op=True)
         self.model = same_weights(self.reference, build_model(case.model))
         self.compiled = compile_case(self.model, case)
-        self.pools: set[int] = set()  # storages of every cache pool the compiled model has been run on
+        self.pool_inputs: list[str] = []  # graphs compiled with a cache pool among their inputs
 
     def caches(self, blocks: int | None = None) -> EngineCaches:
-        caches = case_caches(self.case, blocks)
-        self.pools |= {pool.untyped_storage().data_ptr() for pool in caches.pools}
-        return caches
+        return case_caches(self.case, blocks)
+
+    def run_compiled(self, caches: EngineCaches, step, compiled=None):
+        """The compiled model's step on ``caches``; a graph compiled during it whose inputs include one of
+        these pools is noted in ``pool_inputs``. Compared while the pools and the graph's example inputs
+        are alive together, so one storage is one address: a pool freed earlier may share an address with
+        a later input (CUDA's caching allocator hands freed blocks out again at once)."""
+        compiled = self.compiled if compiled is None else compiled
+        first = len(mc.graph_records(compiled))
+        result = run(compiled, caches.layers, step, dynamic=self.case.dynamic)
+        pools = {pool.untyped_storage().data_ptr() for pool in caches.pools}
+        self.pool_inputs += [f"a cache pool is an input of compiled graph {i}: the graph may copy it"
+                             for i, record in enumerate(mc.graph_records(compiled)[first:], first)
+                             if record.input_storages & pools]
+        return result
 
     def step(self, tokens: int | None = None, compiled=None) -> tuple[list[str], dict]:
         """One step compiled and eager on copies of the same caches: the differences, the kernel calls."""
@@ -76,7 +88,7 @@ class Run:
         expected_caches = caches.clone()
         expected = run(self.reference, expected_caches.layers, step)
         with counting_kernel_calls() as calls:
-            result = run(self.compiled if compiled is None else compiled, caches.layers, step, dynamic=self.case.dynamic)
+            result = self.run_compiled(caches, step, compiled)
         return result_differences(result, expected) + pools_bitwise_equal(caches, expected_caches), dict(calls)
 
 
@@ -146,10 +158,8 @@ def copy_problems(run_: Run) -> list[str]:
     case = run_.case
     small, large = run_.caches(), run_.caches(blocks=4 * case.blocks)
     step = case_step(case)
-    used = [allocated_bytes(lambda caches=caches: run(run_.compiled, caches.layers, step, dynamic=case.dynamic))
-            for caches in (small, large)]
-    problems = [f"a cache pool is an input of compiled graph {i}: the graph may copy it"
-                for i, record in enumerate(mc.graph_records(run_.compiled)) if record.input_storages & run_.pools]
+    used = [allocated_bytes(lambda caches=caches: run_.run_compiled(caches, step)) for caches in (small, large)]
+    problems = list(dict.fromkeys(run_.pool_inputs))
     grown = large.cache_bytes - small.cache_bytes
     if used[1] - used[0] > GROWTH_LIMIT * grown:
         problems.append(f"a step allocated {used[0]} bytes with the cache, {used[1]} with the cache grown by "
