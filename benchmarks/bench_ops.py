@@ -424,8 +424,8 @@ def main(argv=None) -> None:
     on_gpu = torch.cuda.is_available()
     tokens = args.tokens or (DECODE_TOKENS + PREFILL_TOKENS if on_gpu else CPU_TOKENS)
     heads = args.heads or (GPU_HEADS if on_gpu else (16,))
-    copy_rate = copy_bandwidth() if on_gpu else None
     rows = measure(tokens, heads, args.caches)
+    copy_rate = copy_bandwidth() if on_gpu else None  # after the rows: the clocks are up by then
     print_table(rows, copy_rate)
     print_summary(rows)
     if args.out:
