@@ -50,6 +50,27 @@ def cache_slots(slot_mapping_ptr, tokens, token_mask, num_slots, stride_slot, bl
 
 
 @jit
+def entry_rows(src_ptr, cache_ptr, tokens, entries, write, stride_token, first_element, width,
+               BLOCK: tl.constexpr, FULL: tl.constexpr, ALIGNED: tl.constexpr):
+    """Pointers to ``src[tokens, 0:width]`` and to elements ``first_element + [0, width)`` of the tokens'
+    cache entries, and their mask (entries written only): ``[BLOCK_TOKENS, BLOCK]`` each.
+
+    ``FULL``: ``width`` is exactly ``BLOCK`` (no clamp). ``ALIGNED``: the launcher found every source
+    row, cache entry and ``first_element`` on a 16-byte boundary; a full range is marked so.
+    """
+    element = tl.arange(0, BLOCK).to(tl.int64)[None, :]
+    mask = write[:, None] & (element < width)
+    if not FULL:  # clamp masked-off lanes in bounds
+        element = tl.minimum(element, width - 1)
+    src = src_ptr + tokens[:, None] * stride_token + element
+    dst = cache_ptr + (entries + first_element)[:, None] + element
+    if ALIGNED and FULL:
+        src = tl.multiple_of(src, [1, 16])
+        dst = tl.multiple_of(dst, [1, 16])
+    return src, dst, mask
+
+
+@jit
 def store_heads(src_ptr, cache_ptr, scale_ptr, tokens, heads, write, head_mask, stride_token, stride_head,
                 entry_offsets, stride_cache_head, stride_scale, first_element, end_element,
                 FP8_FORMAT: tl.constexpr, BLOCK_ELEMENTS: tl.constexpr, FULL: tl.constexpr, ALIGNED: tl.constexpr):

@@ -39,7 +39,7 @@ import triton.language as tl
 
 from mla_fuse.kernels import EVERY_ARGUMENT, config, jit
 from mla_fuse.kernels.conversions import FP8_FORMATS, quantize
-from mla_fuse.kernels.indexing import cache_slots, token_range
+from mla_fuse.kernels.indexing import cache_slots, entry_rows, token_range
 
 
 @jit(do_not_specialize=EVERY_ARGUMENT, do_not_specialize_on_alignment=EVERY_ARGUMENT)
@@ -68,25 +68,12 @@ def mla_cache_kernel(
     entries = block_index * stride_cache_block + block_offset * stride_cache_entry  # int64 [BLOCK_TOKENS]
 
     # ---- load kv_c [BLOCK_TOKENS, BLOCK_LATENT] and k_pe [BLOCK_TOKENS, BLOCK_ROTARY]
-    latent = tl.arange(0, BLOCK_LATENT).to(tl.int64)[None, :]
-    latent_mask = write[:, None] & (latent < latent_width)
-    if not FULL_LATENT:  # clamp masked-off lanes in bounds
-        latent = tl.minimum(latent, latent_width - 1)
-    kv_c_ptrs = kv_c_ptr + tokens[:, None] * stride_kv_c_token + latent
-    latent_ptrs = kv_cache_ptr + entries[:, None] + latent
-    if ALIGNED and FULL_LATENT:  # 16-byte runs (the launcher checked every row)
-        kv_c_ptrs = tl.multiple_of(kv_c_ptrs, [1, 16])
-        latent_ptrs = tl.multiple_of(latent_ptrs, [1, 16])
+    kv_c_ptrs, latent_ptrs, latent_mask = entry_rows(kv_c_ptr, kv_cache_ptr, tokens, entries, write,
+                                                     stride_kv_c_token, 0, latent_width, BLOCK_LATENT,
+                                                     FULL_LATENT, ALIGNED)
     kv_c = tl.load(kv_c_ptrs, mask=latent_mask)
-    rotary = tl.arange(0, BLOCK_ROTARY).to(tl.int64)[None, :]
-    rotary_mask = write[:, None] & (rotary < rotary_width)
-    if not FULL_ROTARY:
-        rotary = tl.minimum(rotary, rotary_width - 1)
-    k_pe_ptrs = k_pe_ptr + tokens[:, None] * stride_k_token + rotary
-    rotary_ptrs = kv_cache_ptr + (entries + latent_width)[:, None] + rotary
-    if ALIGNED and FULL_ROTARY:
-        k_pe_ptrs = tl.multiple_of(k_pe_ptrs, [1, 16])
-        rotary_ptrs = tl.multiple_of(rotary_ptrs, [1, 16])
+    k_pe_ptrs, rotary_ptrs, rotary_mask = entry_rows(k_pe_ptr, kv_cache_ptr, tokens, entries, write, stride_k_token,
+                                                     latent_width, rotary_width, BLOCK_ROTARY, FULL_ROTARY, ALIGNED)
     k_pe = tl.load(k_pe_ptrs, mask=rotary_mask)
 
     # ---- quantize (fp8 caches): code = fp8(clamp(x / scale))

@@ -49,7 +49,7 @@ import triton.language as tl
 
 from mla_fuse.kernels import EVERY_ARGUMENT, config, jit
 from mla_fuse.kernels.conversions import FP8_FORMATS, quantize
-from mla_fuse.kernels.indexing import cache_slots, head_range, token_range
+from mla_fuse.kernels.indexing import cache_slots, entry_rows, head_range, token_range
 from mla_fuse.kernels.rotation import load_cos_sin, rotate_in_place, store_pairs
 
 
@@ -99,15 +99,9 @@ def mla_rope_cache_kernel(
         entries = block_index * stride_cache_block + block_offset * stride_cache_entry  # int64 [BLOCK_TOKENS]
 
         # ---- quantize (fp8 caches: code = fp8(clamp(x / scale))) of kv_c and of the rounded rotated k_pe
-        latent = tl.arange(0, BLOCK_LATENT).to(tl.int64)[None, :]
-        latent_mask = write[:, None] & (latent < latent_width)
-        if not FULL_LATENT:  # clamp masked-off lanes in bounds
-            latent = tl.minimum(latent, latent_width - 1)
-        kv_c_ptrs = kv_c_ptr + tokens[:, None] * stride_kv_c_token + latent
-        latent_ptrs = kv_cache_ptr + entries[:, None] + latent
-        if ALIGNED and FULL_LATENT:  # 16-byte runs (the launcher checked every row)
-            kv_c_ptrs = tl.multiple_of(kv_c_ptrs, [1, 16])
-            latent_ptrs = tl.multiple_of(latent_ptrs, [1, 16])
+        kv_c_ptrs, latent_ptrs, latent_mask = entry_rows(kv_c_ptr, kv_cache_ptr, tokens, entries, write,
+                                                         stride_kv_c_token, 0, latent_width, BLOCK_LATENT,
+                                                         FULL_LATENT, ALIGNED)
         kv_c = tl.load(kv_c_ptrs, mask=latent_mask)
         if FP8_FORMAT != 0:
             scale = tl.load(scale_ptr)
