@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+import shlex
 
 import pytest
 import torch
@@ -254,7 +255,8 @@ def test_a_partial_cell_shows_a_failing_and_a_passing_example_one_field_apart(us
     pair = partial[0]["pair"]
     text = "\n".join(found.lines())
     assert f"(partial: {pair['field']} {pair['failing']} fails, {pair['passing']} passes" in text, text
-    assert f"pair one field apart: {pair['field']} {pair['failing']} fails (" in text and " repro " in text, text
+    assert f"pair one field apart: {pair['field']} {pair['failing']} fails, " in text, text
+    assert f" repro {shlex.quote(str(pathlib.Path(pair['file']).absolute()))}\n" in text + "\n", text  # on its own line
     failing = case_types.from_jsonable(json.loads(pathlib.Path(pair["file"]).read_text())["case"])
     passing = case_types.from_jsonable(pair["passing_case"])
     apart = {**fields.leaves(failing), **data_fields(failing)}, {**fields.leaves(passing), **data_fields(passing)}

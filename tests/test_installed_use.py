@@ -138,9 +138,9 @@ def test_a_team_gates_its_kernel_from_its_own_directory(installed, team_dir, els
 
     buggy = _run(installed, team_dir, "mla-fuse", "verify", "--impl", "buggy_kernels:Buggy", "-n", "2")
     assert buggy.returncode == 1 and "verdict: FAIL" in buggy.stdout, buggy.stdout[-4000:]
-    printed = rf"replay: (PYTHONPATH={re.escape(str(team_dir))} python -m mla_fuse_conformance repro /\S+)$"
-    found = re.search(printed, buggy.stdout, re.M)
-    assert found, buggy.stdout[-4000:]
+    printed = rf"replay: (PYTHONPATH={re.escape(str(team_dir))} (\S+) -m mla_fuse_conformance repro /\S+)$"
+    found = re.search(printed, buggy.stdout, re.M)  # the interpreter by its path, activated venv or not
+    assert found and pathlib.Path(found.group(2)).parent == installed, buggy.stdout[-4000:]
     replayed = _run(installed, elsewhere, "bash", "-c", found.group(1))  # as printed, from another directory
     assert replayed.returncode == 1 and "REPRODUCED" in replayed.stdout, replayed.stdout + replayed.stderr
 

@@ -100,9 +100,9 @@ class PropertyMap:
                 out += diagnosis.lines()
                 if diagnosis.pair and diagnosis.pair.get("file"):
                     pair = diagnosis.pair
-                    out.append(f"          pair one field apart: {pair['field']} {pair['failing']} fails "
-                               f"({recording.replay_command(pathlib.Path(pair['file']))}); {pair['field']} "
-                               f"{pair['passing']} passes")
+                    out.append(f"          pair one field apart: {pair['field']} {pair['failing']} fails, "
+                               f"{pair['field']} {pair['passing']} passes; the failing one:")
+                    out.append(f"          replay: {recording.replay_command(pathlib.Path(pair['file']))}")
                 axes = " | ".join(dict.fromkeys(describe(c.features) for c in group))
                 out.append(f"          feature axes: {axes}")
             for c in group:

@@ -192,7 +192,7 @@ def pytest_command(spec: str, profile: str, report_dir: pathlib.Path, workers: s
                    extra: list[str]) -> list[str]:
     return [sys.executable, "-m", "pytest", "--pyargs", SUITE_PACKAGE, f"--mla-fuse-impl={spec}",
             *([f"--mla-fuse-require={','.join(require)}"] if require else []),
-            f"--hypothesis-profile={profiles.full_name(profile)}", f"--junitxml={report_dir / 'junit.xml'}",
+            f"--hypothesis-profile={profiles.full_name(profile)}", f"--junitxml={report_dir.absolute() / 'junit.xml'}",
             "-p", "no:cacheprovider", *([] if sys.stdout.isatty() else ["-p", progress.PLUGIN]), "-n", workers,
             "--tb=line", *ignored_modules(spec), *extra]  # one line per failure: the report below has each
     # failure's case, features and replay command (hypothesis' printed examples ran to thousands of lines;
@@ -298,9 +298,12 @@ def run_verify(impl_spec: str | None, profile: str, report_dir: pathlib.Path, wo
     report_dir.mkdir(parents=True, exist_ok=True)
     (report_dir / OUTCOMES_FILE).unlink(missing_ok=True)
     command = pytest_command(impl.spec, profile, report_dir, workers or "auto", impl.required, extra_pytest_args)
-    print(f"$ {' '.join(command)}", flush=True)
     env = dict(os.environ, MLA_FUSE_REPORT_DIR=str(report_dir),
                PYTHONPATH=os.pathsep.join([os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    shown = {name: str(pathlib.Path(env[name]).absolute()) if name == "MLA_FUSE_REPORT_DIR" else env[name]
+             for name in ("PYTHONPATH", "MLA_FUSE_REPORT_DIR")}  # as run, pasteable: its environment as a prefix
+    print(f"$ {' '.join(f'{name}={shlex.quote(value)}' for name, value in shown.items())} {shlex.join(command)}",
+          flush=True)
     returncode = subprocess.call(command, env=env)
     phases = {"properties": round(time.monotonic() - started, 1)}
     outcomes = read_outcomes(report_dir / OUTCOMES_FILE)
@@ -354,7 +357,7 @@ def command_line() -> str:
     """The command as typed: ``python -m mla_fuse_conformance`` where that is how it ran."""
     program = sys.argv[0]
     if pathlib.Path(program).name == "__main__.py":
-        program = f"{sys.executable} -m {SUITE_PACKAGE}"
+        program = f"{shlex.quote(sys.executable)} -m {SUITE_PACKAGE}"
     return " ".join([program, shlex.join(sys.argv[1:])]).strip()
 
 

@@ -34,7 +34,6 @@ import os
 import pathlib
 import re
 import shlex
-import shutil
 import site
 import sys
 import sysconfig
@@ -223,15 +222,11 @@ class Recorder:
 
 
 def python_command() -> str:
-    """The interpreter running now, as a printed command should call it: ``python`` where that
-    name finds this interpreter (an activated venv), else its path (a venv that is not activated)."""
-    on_path = shutil.which("python")
-    # bin/python and bin/python3.11 of one venv are the same interpreter (same directory, same file);
-    # the same file in another directory (another venv over the same base Python) is not
-    if on_path and os.path.dirname(os.path.abspath(on_path)) == os.path.dirname(os.path.abspath(sys.executable)) \
-            and os.path.realpath(on_path) == os.path.realpath(sys.executable):
-        return "python"
-    return shlex.quote(sys.executable)
+    """The interpreter running now, as a printed command calls it: always its absolute path, shell-quoted
+    (``sys.executable``, not resolved: a venv's ``bin/python`` stays the venv's). A bare ``python`` ran
+    whatever a new shell finds first (in a fresh shell: a Python without the suite, which exited 1 with
+    ``No module named mla_fuse_conformance``, the status ``repro`` uses for "reproduced")."""
+    return shlex.quote(os.path.abspath(sys.executable) if sys.executable else "python3")
 
 
 def adapter_directory(spec: str | None) -> str | None:
@@ -268,13 +263,19 @@ def installed_directories() -> set[pathlib.Path]:
 
 def import_path(spec: str | None) -> list[str]:
     """The ``PYTHONPATH`` a printed command carries so that it runs from any directory: the outside
-    adapter's directory (``adapter_directory``), then this run's ``PYTHONPATH``, absolute."""
+    adapter's directory (``adapter_directory``), then this run's ``PYTHONPATH``, absolute, without the
+    entries a new shell does not need (directories that do not exist, the interpreter's own installed
+    packages and standard library). Empty, and no ``PYTHONPATH=`` printed, where the run had none and
+    the implementation is built in or installed: the interpreter's absolute path alone then imports the
+    suite, installed editable or not."""
     entries = [adapter_directory(spec), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
-    return list(dict.fromkeys(str(pathlib.Path(entry).absolute()) for entry in entries if entry))
+    installed = installed_directories()
+    absolute = (pathlib.Path(entry).absolute() for entry in entries if entry)
+    return list(dict.fromkeys(str(path) for path in absolute if path.is_dir() and path not in installed))
 
 
 def python_with(pythonpath: list[str]) -> str:
-    """``[PYTHONPATH=DIRS ]python``: how a printed command starts (``python_command``)."""
+    """``[PYTHONPATH=DIRS ]/abs/python``: how a printed command starts (``python_command``)."""
     prefix = f"PYTHONPATH={shlex.quote(os.pathsep.join(pythonpath))} " if pythonpath else ""
     return prefix + python_command()
 
@@ -319,12 +320,28 @@ def save_failure(failure: dict, nodeid: str, profile: str) -> pathlib.Path:
 
 
 def pytest_command(failure: dict, nodeid: str, profile: str) -> str:
-    """The property's pytest item, addressed through the installed suite so it runs from anywhere."""
+    """The property's pytest item, addressed through the installed suite so it runs from anywhere; under a
+    profile with an example database in a directory (not derandomized), that directory by its absolute
+    path (``$MLA_FUSE_HYPOTHESIS_DB``; the default one is relative to the run's directory)."""
     module, _, function = failure["property"].partition(":")
     item = function + (nodeid.partition("::" + function)[2] if "::" + function in nodeid else "")
-    return (f"{python_with(recorded_import_path(failure))} -m pytest --pyargs "
+    return (f"{database_prefix(profile)}{python_with(recorded_import_path(failure))} -m pytest --pyargs "
             f"{shlex.quote(f'mla_fuse_conformance.properties.{module}::{item}')} "
-            f"--mla-fuse-impl={shlex.quote(failure['impl'])} --hypothesis-profile={profile}")
+            f"--mla-fuse-impl={shlex.quote(failure['impl'])} --hypothesis-profile={shlex.quote(profile)}")
+
+
+def database_prefix(profile: str) -> str:
+    """``MLA_FUSE_HYPOTHESIS_DB=DIR `` where ``profile`` is one of the suite's that keeps an example database
+    and the database is a directory, else "" (``mla_fuse.ci`` is derandomized and regenerates the case; a
+    Redis URL is left to the shell, its password unprinted; another profile's database is not ours)."""
+    from mla_fuse_conformance.settings import database, profiles
+
+    url = os.environ.get(database.DATABASE_ENV_VAR)
+    if profile not in map(profiles.full_name, profiles.NAMES) or profile == profiles.full_name("ci") \
+            or database.is_redis_url(url):
+        return ""
+    directory = pathlib.Path(url) if url else database.DEFAULT_DIRECTORY
+    return f"{database.DATABASE_ENV_VAR}={shlex.quote(str(directory.absolute()))} "
 
 
 def describe_failure(failure: dict, path: pathlib.Path, nodeid: str, profile: str) -> str:
@@ -337,9 +354,9 @@ def describe_failure(failure: dict, path: pathlib.Path, nodeid: str, profile: st
         f"implementation: {failure['impl']}   device: {failure['device']}   case seed: {seed}",
         f"failure:        {failure.get('kind', 'failed')} on {describe(failure.get('features', {}))}",
         f"shrunk case:    {case!r}",
-        f"saved to:       {path}",
+        f"saved to:       {pathlib.Path(path).absolute()}",
         f"replay exactly: {replay_command(path)}",
-        f"or with pytest: {pytest_command(failure, nodeid, profile)}   (derandomized profiles regenerate it; "
-        f"others replay it from the example database)",
+        f"or with pytest: {pytest_command(failure, nodeid, profile)}",
+        "                # derandomized profiles regenerate the case; others replay it from the example database",
         f"keep it:        add {case!r} to the property's examples=[...] (names from mla_fuse_conformance.cases.types)",
     ])

@@ -44,6 +44,8 @@ import dataclasses
 import json
 import os
 import pathlib
+import shlex
+import sys
 import tempfile
 import warnings
 import zipfile
@@ -221,7 +223,7 @@ def stale_message(key: bytes, values: list[bytes], writers: set[bytes], version:
     return (f"{len(values)} saved example(s) under database key {key[:24].hex()}... were written by hypothesis "
             f"{written}; this is hypothesis {version.decode()}: {len(values) - unreadable} are replayed but may no "
             f"longer rebuild the case that failed, {unreadable} cannot be read and are not replayed. A failure "
-            f"file replays under any version: python -m mla_fuse_conformance repro FILE")
+            f"file replays under any version: {shlex.quote(sys.executable)} -m mla_fuse_conformance repro FILE")
 
 
 def read_only_from_environment() -> bool:

@@ -1,0 +1,78 @@
+"""The commands a failing property prints run when pasted into a new shell, from another directory.
+
+Issue 31 (item 5): the replay line began with a bare ``python`` (printed on purpose when the venv was
+active); in a fresh shell that Python had no suite and exited 1 with ``No module named
+mla_fuse_conformance``, the status ``repro`` uses for "reproduced". The pytest line ended in a
+parenthesized note on the same line: a bash syntax error (exit 2) when pasted. Every printed command
+now starts with the interpreter's absolute path (after the ``PYTHONPATH`` the run needs), names files
+by absolute paths, and keeps notes on a line of their own.
+
+The test plants a bug (``mutant:sin_sign_flipped``), lets one property fail in a run directory, takes
+the two lines from the "reproduce this failure" block, and runs each with ``bash -c LINE`` in an
+empty directory with only ``PATH=/usr/bin:/bin`` and ``HOME`` set (``env -i``: no venv, no
+``PYTHONPATH``, nothing of the run's shell).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+from mla_fuse_conformance.running import recording
+
+PROPERTY = "mla_fuse_conformance.properties.test_mla::test_fused_mla_matches_reference"
+
+
+def fresh_shell(line: str, cwd, home) -> subprocess.CompletedProcess:
+    """``env -i PATH=/usr/bin:/bin HOME=HOME bash -c LINE`` in ``cwd``: a line pasted into a new shell."""
+    return subprocess.run(["/bin/bash", "-c", line], cwd=cwd, env={"PATH": "/usr/bin:/bin", "HOME": str(home)},
+                          capture_output=True, text=True, timeout=300)
+
+
+def printed(output: str, label: str) -> tuple[str, str]:
+    """The command after ``label:`` in the failure block, and the line below it."""
+    found = re.search(rf"^{label}: (.+)\n(.*)$", output, re.M)
+    assert found, output[-4000:]
+    return found.group(1), found.group(2)
+
+
+def interpreter(line: str) -> str:
+    """The program a printed line runs: its first word after the ``NAME=VALUE`` prefixes."""
+    return next(word for word in shlex.split(line) if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", word))
+
+
+def test_the_printed_replay_and_pytest_lines_run_pasted_into_a_new_shell(tmp_path):
+    run, elsewhere, home = tmp_path / "run", tmp_path / "elsewhere", tmp_path / "home"
+    for directory in (run, elsewhere, home):
+        directory.mkdir()
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTEST_", "MLA_FUSE_"))}
+    failing = subprocess.run([sys.executable, "-m", "pytest", "--pyargs", PROPERTY, "-p", "no:cacheprovider",
+                              "-p", "no:xdist", "--mla-fuse-impl=mutant:sin_sign_flipped",
+                              "--hypothesis-profile=mla_fuse.ci"],
+                             cwd=run, env=env, capture_output=True, text=True, timeout=300)
+    assert failing.returncode == 1 and "mla_fuse: reproduce this failure" in failing.stdout, \
+        failing.stdout[-4000:] + failing.stderr[-2000:]
+
+    replay, _ = printed(failing.stdout, "replay exactly")
+    pytest_line, below = printed(failing.stdout, "or with pytest")
+
+    replayed = fresh_shell(replay, elsewhere, home)  # exit 1 from a Python without the suite is not enough
+    assert replayed.returncode == 1 and "REPRODUCED" in replayed.stdout, replayed.stdout + replayed.stderr
+
+    rerun = fresh_shell(pytest_line, elsewhere, home)
+    assert rerun.returncode == 1, rerun.stdout[-4000:] + rerun.stderr[-2000:]  # 2: a syntax error; 4: usage
+    assert re.search(r"^FAILED .*test_fused_mla_matches_reference", rerun.stdout, re.M) \
+        and "1 failed" in rerun.stdout, rerun.stdout[-4000:] + rerun.stderr[-2000:]
+
+    for line in (replay, pytest_line):  # (a Python found on /usr/bin with the suite would hide a bare `python`)
+        assert os.path.isabs(interpreter(line)) and "(" not in line, line
+    assert below.strip().startswith("#"), below  # the note: a line of its own, a comment if pasted too
+
+
+def test_the_interpreter_is_named_by_its_path_even_where_python_finds_it(monkeypatch):
+    """An activated venv (``python`` on ``PATH`` is this interpreter) once got a bare ``python``."""
+    monkeypatch.setenv("PATH", os.path.dirname(sys.executable))
+    assert recording.python_command() == shlex.quote(os.path.abspath(sys.executable))
