@@ -288,3 +288,43 @@ recording.Recorder.finished = finished
     result = subprocess.run(command, capture_output=True, text=True, cwd=user_dir, env=env, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:]
     assert not (user_dir / "failures").exists() or not list((user_dir / "failures").iterdir())
+
+
+def test_a_limit_is_handled_only_by_cases_that_reach_it():
+    """Issue 31, item 6: an fp8 write into a float8 cache declared unsupported was reported "handled (5
+    examples passed)" by cases that never wrote an entry (every slot padded): they pass whatever the
+    kernel does. Such cases leave the limit "not reached"; one case that writes makes it "handled"."""
+    import dataclasses
+
+    from hypothesis import strategies as st
+
+    from mla_fuse_conformance.cases.types import MlaCase, SlotSpec, TableSpec
+
+    padded = MlaCase(seed=1, tokens=2, heads=2, latent=3, rotary_dim=4, dtype="float16", kv_cache_dtype="fp8_e4m3",
+                     num_blocks=2, block_size=2, slots=SlotSpec(length=2, padding="all"),
+                     table=TableSpec(style="plain", rotary_dim=4, max_position=8), cache_storage="float8")
+    written = dataclasses.replace(padded, slots=SlotSpec(length=2))
+
+    class Caps:
+        def only(self, axis, value):
+            return self
+
+    class Impl:
+        def caps(self, operation):
+            return Caps()
+
+    class Prop:
+        rotates = False
+
+        def __init__(self, cases):
+            self.cases = cases
+
+        def strategy_for(self, impl, capabilities):
+            return st.sampled_from(self.cases)
+
+    never_writes = check_limit(Prop([padded]), Impl(), lambda case: None, "concat_and_cache_mla", "fp8 storage",
+                               "float8")
+    assert never_writes.outcome == "not reached" and "none of them wrote" in never_writes.detail, never_writes
+    writes = check_limit(Prop([padded, written]), Impl(), lambda case: None, "concat_and_cache_mla", "fp8 storage",
+                         "float8")
+    assert writes.outcome == "handled" and writes.examples >= 1, writes

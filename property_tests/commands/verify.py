@@ -59,7 +59,8 @@ MAP_KEY = (
     "passing examples with that feature value.")
 LIMITS_KEY = (
     "key: confirmed: a case just outside the declared limit fails (the declaration is needed); handled: such cases "
-    "pass (the limit could be widened); not reached: no case with that value could be drawn.")
+    "pass (the limit could be widened), counted only from cases that wrote an entry or rotated a row; not reached: "
+    "no case with that value could be drawn, or none of those drawn did that work.")
 
 
 @dataclasses.dataclass
