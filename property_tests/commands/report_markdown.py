@@ -85,14 +85,20 @@ def deployments(report: dict) -> list[str]:
     if not found:
         return []
     counted = collections.Counter(entry.get("verdict") for entry in found)
-    return [f"Deployments: {len(found)}: " + ", ".join(f"{n} {verdict}" for verdict, n in counted.items()), ""]
+    held = {verdict: counted.pop(verdict) for verdict in ("not supported (declared)", "skipped") if verdict in counted}
+    run = sum(counted.values())  # as the console counts them: declared-unsupported and skipped ones did not run
+    return [f"Deployments: {run} run" + (": " if counted else "") + ", ".join(f"{n} {verdict}" for verdict, n in
+                                                                             counted.items())
+            + "".join(f"; {n} {verdict}" for verdict, n in held.items()), ""]
 
 
 def baseline(report: dict) -> list[str]:
     found = report.get("baseline")
     if not found:
         return []
-    lines = [f"Against the baseline `{cell(found.get('from'))}`: {len(found.get('new') or [])} new, "
+    sources = found.get("from") or []
+    sources = ", ".join(f"`{cell(source)}`" for source in ([sources] if isinstance(sources, str) else sources))
+    lines = [f"Against the baseline {sources}: {len(found.get('new') or [])} new, "
              f"{len(found.get('known') or [])} known, {len(found.get('now_passing') or [])} now passing", ""]
     new = [[cell_id] for cell_id in found.get("new") or []]
     return [*lines, *(rows(["new failing cell"], new, len(new)) + [""] if new else [])]
