@@ -105,6 +105,8 @@ run_step() {
   esac
 }
 
+export -f run_step step_keys step_repro kernels  # for the child shell of each step
+export cache_dir
 summary=()
 failed=0
 for step in ${MLA_FUSE_GPU_STEPS:-dispatch bench compile repro verify}; do
@@ -113,8 +115,6 @@ for step in ${MLA_FUSE_GPU_STEPS:-dispatch bench compile repro verify}; do
   echo "== $step (limit ${limit} s, $(date -u +%H:%M:%S))"
   started=$SECONDS
   # the step in a child shell of its own, so that `timeout` can stop it and everything it started
-  export -f run_step step_keys step_repro kernels
-  export cache_dir
   timeout --kill-after=10 "$limit" bash -c "suite=(${suite[*]}); run_step $step" 2>&1 | tee "reports/gpu/$step.log"
   status=${PIPESTATUS[0]}
   seconds=$((SECONDS - started))
