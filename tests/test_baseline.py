@@ -1,4 +1,4 @@
-"""``verify --baseline`` / ``--known-failures`` (commands/baseline.py): which failing ids a run has,
+"""``verify --baseline`` / ``--known-failures`` (commands/conformance_map/baseline.py): which failing ids a run has,
 which are new, and the exit status; hand-written reports for the rules, one real run of three
 verify calls for the whole path (a mutant against its own report, then with one more bug planted)."""
 
@@ -12,7 +12,9 @@ import sys
 
 import pytest
 
-from mla_fuse_conformance.commands import baseline, cli
+from mla_fuse_conformance.commands.conformance_map import baseline
+
+from mla_fuse_conformance.commands import cli
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 ROPE = "test_rotary_embedding:test_rotary_embedding_matches_reference"
@@ -214,8 +216,8 @@ def fake_kernel(*bugs):
 
 
 def rope_map(run, baseline_cells=()):
-    from mla_fuse_conformance.commands import report_json
-    from mla_fuse_conformance.commands.conformance_map import map_property
+    from mla_fuse_conformance.commands.report import document as report_json
+    from mla_fuse_conformance.commands.conformance_map.property_map import map_property
     from mla_fuse_conformance.contract.implementation import load_implementation
     from mla_fuse_conformance.running.harness import property_named
 

@@ -1,4 +1,4 @@
-"""``mla-fuse compare`` (commands/compare*.py, running/outputs.py, ``Executor.outputs``): implementations
+"""``mla-fuse compare`` (commands/compare/cli.py*.py, running/outputs.py, ``Executor.outputs``): implementations
 side by side on one set of cases, outcomes per operation and cell, distances between passing pairs."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from mla_fuse_conformance.commands import cli
-from mla_fuse_conformance.commands.compare_cases import draw_cases
-from mla_fuse_conformance.commands.compare_distances import Distance
+from mla_fuse_conformance.commands.compare.cases import draw_cases
+from mla_fuse_conformance.commands.compare.distances import Distance
 
 
 def compare(tmp_path, capsys, *argv: str) -> dict:

@@ -22,7 +22,7 @@ from mla_fuse_conformance.cases.types import PositionSpec, RopeCase, TableSpec
 from mla_fuse_conformance.running.executor import Crashed, Executor, Hung, RaisedInChild
 from mla_fuse_conformance.running.harness import property_named
 from mla_fuse_conformance.contract.implementation import load_implementation
-from mla_fuse_conformance.commands.conformance_map import check_limit, map_property
+from mla_fuse_conformance.commands.conformance_map.property_map import check_limit, map_property
 
 ROPE_PROPERTY = "test_rotary_embedding:test_rotary_embedding_matches_reference"
 ADAPTERS = '''
@@ -235,7 +235,7 @@ def test_verify_maps_a_property_whose_worker_died_without_leaving_its_example():
     """A failed property test with no failure file (the worker died after its example, e.g. of a heap
     its kernel had corrupted) is still mapped; failure files come first, each property once."""
     from mla_fuse_conformance.properties import test_mla  # noqa: F401 registers its properties
-    from mla_fuse_conformance.commands.verify import failing_properties, summarize
+    from mla_fuse_conformance.commands.verify.run import failing_properties, summarize
 
     mla = "test_mla:test_mla_cache_write_matches_reference"
     outcomes = [{"nodeid": "test_rotary_embedding.py::test_rotary_embedding_matches_reference", "outcome": "failed",

@@ -1,4 +1,4 @@
-"""The conformance map names the trigger (commands/diagnosis.py, cases/fields.py).
+"""The conformance map names the trigger (commands/conformance_map/diagnosis.py, cases/fields.py).
 
 Each adapter below is the reference MLA cache write, wrong in exactly one generated field: the
 block size, the cache's memory order, the ``fp8`` alias, NaN inputs, padded entries. The map of
@@ -21,9 +21,10 @@ from mla_fuse_conformance.cases import fields
 from mla_fuse_conformance.cases import tensors
 from mla_fuse_conformance.cases import types as case_types
 from mla_fuse_conformance.cases.types import MlaCase, Placement, RopeCase, SlotSpec, TableSpec
-from mla_fuse_conformance.commands.conformance_map import map_property
-from mla_fuse_conformance.commands import diagnosis, refinement
-from mla_fuse_conformance.commands.diagnosis import data_fields
+from mla_fuse_conformance.commands.conformance_map.property_map import map_property
+from mla_fuse_conformance.commands.conformance_map import diagnosis
+from mla_fuse_conformance.commands.conformance_map import refinement
+from mla_fuse_conformance.commands.conformance_map.diagnosis import data_fields
 from mla_fuse_conformance.contract.implementation import load_implementation
 from mla_fuse_conformance.running.harness import property_named
 from mla_fuse_conformance.settings import profiles

@@ -28,8 +28,9 @@ import mla_fuse_conformance.properties.test_flash as flash_properties
 import mla_fuse_conformance.properties.test_mla as mla_properties
 from mla_fuse_conformance.commands import cli
 from mla_fuse_conformance.settings import database
-from mla_fuse_conformance.commands import fuzz
-from mla_fuse_conformance.commands import fuzz_report, fuzz_workers
+from mla_fuse_conformance.commands.fuzz import cli as fuzz
+from mla_fuse_conformance.commands.fuzz import report as fuzz_report
+from mla_fuse_conformance.commands.fuzz import workers as fuzz_workers
 from mla_fuse_conformance.settings import profiles
 from mla_fuse_conformance.running import recording
 
@@ -319,7 +320,7 @@ def test_a_stopped_worker_ends_quietly(tmp_path):
     """Workers were stopped with SIGINT: every passing campaign's log ended in a KeyboardInterrupt
     traceback. A worker ends on ``STOP_SIGNAL`` at once, status 0, with one line."""
     log = tmp_path / "worker-0.log"
-    waiting = ("import signal, time\nfrom mla_fuse_conformance.commands import fuzz_worker\n"
+    waiting = ("import signal, time\nfrom mla_fuse_conformance.commands.fuzz import worker as fuzz_worker\n"
                "signal.signal(fuzz_worker.STOP_SIGNAL, fuzz_worker.stop_now)\nprint('ready', flush=True)\n"
                "time.sleep(60)\n")
     with open(log, "w") as stream:
@@ -378,7 +379,7 @@ def test_a_failure_without_pytest_lines_still_says_what_failed():
 
 REENTER = """
 from hypofuzz.collection import collect_tests
-from mla_fuse_conformance.commands import fuzz
+from mla_fuse_conformance.commands.fuzz import cli as fuzz
 
 args = [*fuzz.suite_files("reference"), *fuzz.pytest_options("reference", "nightly"), "-k", "cache_write_matches"]
 targets = collect_tests(args).fuzz_targets
@@ -430,7 +431,7 @@ def test_a_worker_is_hypofuzzs_loop_without_the_hub_that_ended_slow_campaigns():
     """HypoFuzz 25.11.1's hub decides every 60 s that "every test has failed" when no fuzzing process
     has yet reported a property left to fuzz, which it does only after 100 inputs: with slow
     properties it ended campaigns after a minute and killed the fuzzing processes."""
-    from mla_fuse_conformance.commands import fuzz_worker
+    from mla_fuse_conformance.commands.fuzz import worker as fuzz_worker
 
     command = fuzz.worker_command("triton", [])
     assert command[1:3] == ["-m", fuzz.WORKER_MODULE] and "fuzz" not in command[1:4]

@@ -170,7 +170,7 @@ SUITE_LAYERS: tuple[tuple[str, ...], ...] = (
     ("running",),  # harness (PropertyRun), recording, executor, replay, devices
     ("compile_passes",),  # the compile-pass kit: cases, models, layers, checks, opcheck, broken passes
     ("properties", "mutants", "adapters"),  # the leaves: none imports another
-    ("commands",),  # cli, verify, conformance map, fuzz
+    ("commands",),  # the mla-fuse commands, one room each (COMMAND_ROOMS)
     ("plugin", "hookspecs", "__main__", "__init__"),  # loose modules at the top
 )
 LEAVES = {"properties", "mutants", "adapters"}
@@ -265,6 +265,95 @@ def test_the_layer_check_sees_an_upward_import(tmp_path):
                           ("cases/planted.py", "mla_fuse_conformance.running.harness"),
                           ("mutants/planted.py", "mla_fuse_conformance.adapters"),
                           ("mutants/planted.py", "mla_fuse_conformance.adapters.triton")}
+
+
+# commands/ by role: its rooms (a subpackage whose cli.py is the entry, or a loose module), lowest first.
+# The same rule as SUITE_LAYERS one level down: a room imports its own modules and rooms below it; the
+# rooms of one layer named in COMMAND_LEAVES import none of each other.
+COMMAND_ROOMS: tuple[tuple[str, ...], ...] = (
+    ("conformance_map",),  # cells per failing property, limit checks, baseline, cell identity
+    ("repro",),  # mla-fuse repro, the standalone reproducer
+    ("report",),  # report.json, report.html, summary.md, mla-fuse report
+    ("progress",),  # the console's progress lines (also a pytest plugin in verify's child)
+    ("compare", "adapter", "fuzz"),  # mla-fuse compare, adapter --template, fuzz and db
+    ("verify",),  # mla-fuse verify: the properties, then the rooms above
+    ("cli", "__init__"),  # the mla-fuse parser
+)
+COMMAND_LEAVES = {"compare", "adapter", "fuzz"}
+COMMAND_RANK = {name: rank for rank, names in enumerate(COMMAND_ROOMS) for name in names}
+
+
+def command_room_of_path(relative: str) -> str | None:
+    """``commands/report/html.py`` -> ``report``; ``commands/cli.py`` -> ``cli``; None outside commands/."""
+    parts = relative.split("/")
+    return parts[1].removesuffix(".py") if parts[0] == "commands" and len(parts) > 1 else None
+
+
+def command_room_of_import(name: str) -> str | None:
+    """``mla_fuse_conformance.commands.report.html.write`` -> ``report``; None for commands itself."""
+    parts = name.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == [SUITE, "commands"] else None
+
+
+def command_room_violations(modules: dict[str, pathlib.Path]) -> dict[tuple[str, str], str]:
+    """(importer, imported) -> what is wrong, for every import between rooms of commands/."""
+    found = {}
+    for relative, path in modules.items():
+        here = command_room_of_path(relative)
+        if here is None:
+            continue
+        for name in sorted(imports_of(path, SUITE, dynamic=False)):
+            there = command_room_of_import(name)
+            if there is None or there == here:
+                continue
+            if here not in COMMAND_RANK or there not in COMMAND_RANK:
+                found[(relative, name)] = f"{here if here not in COMMAND_RANK else there} is in no room of COMMAND_ROOMS"
+            elif COMMAND_RANK[there] > COMMAND_RANK[here]:
+                found[(relative, name)] = (f"commands/{here} (room {COMMAND_RANK[here]}) imports commands/{there} "
+                                           f"(room {COMMAND_RANK[there]})")
+            elif here in COMMAND_LEAVES and there in COMMAND_LEAVES:
+                found[(relative, name)] = f"commands/{here} imports commands/{there}: {sorted(COMMAND_LEAVES)} " \
+                                          "import none of each other"
+    return found
+
+
+def test_every_command_room_is_placed_and_has_its_entry():
+    modules = suite_modules()
+    rooms = {room for relative in modules if (room := command_room_of_path(relative)) is not None}
+    assert rooms == set(COMMAND_RANK), (f"not in COMMAND_ROOMS: {sorted(rooms - set(COMMAND_RANK))}; "
+                                        f"named there but absent: {sorted(set(COMMAND_RANK) - rooms)}")
+    packages = {relative.split("/")[1] for relative in modules if relative.count("/") == 2
+                and relative.startswith("commands/")}
+    without_entry = sorted(room for room in packages if f"commands/{room}/cli.py" not in modules)
+    assert not without_entry, f"a room of commands/ is entered through its cli.py: {without_entry}"
+
+
+def test_the_command_rooms_import_down():
+    violations = command_room_violations(suite_modules())
+    assert not violations, "\n".join(f"{importer} imports {name}: {why}"
+                                     for (importer, name), why in sorted(violations.items()))
+
+
+def test_the_room_check_sees_an_upward_import(tmp_path):
+    """The map importing the report (its cycle before the split) and compare importing fuzz are reported."""
+    for room in ("commands/conformance_map", "commands/compare"):
+        (tmp_path / room).mkdir(parents=True)
+    upward = tmp_path / "commands" / "conformance_map" / "planted.py"
+    upward.write_text("def f():\n    from mla_fuse_conformance.commands.report.document import report\n")
+    sideways = tmp_path / "commands" / "compare" / "planted.py"
+    sideways.write_text("from mla_fuse_conformance.commands.fuzz import cli\n")
+    original = PACKAGES[SUITE]
+    PACKAGES[SUITE] = tmp_path
+    try:
+        found = command_room_violations({"commands/conformance_map/planted.py": upward,
+                                         "commands/compare/planted.py": sideways})
+    finally:
+        PACKAGES[SUITE] = original
+    assert set(found) == {
+        ("commands/conformance_map/planted.py", "mla_fuse_conformance.commands.report.document"),
+        ("commands/conformance_map/planted.py", "mla_fuse_conformance.commands.report.document.report"),
+        ("commands/compare/planted.py", "mla_fuse_conformance.commands.fuzz"),
+        ("commands/compare/planted.py", "mla_fuse_conformance.commands.fuzz.cli")}
 
 
 def test_declared_property_modules_are_the_property_files():

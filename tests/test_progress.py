@@ -112,7 +112,7 @@ def rank3_heads_fail(clock: Clock):
 
 
 def map_with_progress(tmp_path, monkeypatch, shown: progress.Progress, clock: Clock):
-    from mla_fuse_conformance.commands.conformance_map import map_property
+    from mla_fuse_conformance.commands.conformance_map.property_map import map_property
     from mla_fuse_conformance.contract.implementation import load_implementation
     from mla_fuse_conformance.running.harness import property_named
 

@@ -1,4 +1,4 @@
-"""The HTML report page (``commands/report_html.py``) shows what report.json says: every failing
+"""The HTML report page (``commands/report/html.py``) shows what report.json says: every failing
 cell with its failure rate, the environment's versions and CPU flags, the heat map's rates, the
 baseline and the implementations side by side; and a real browser renders it (headless Chromium:
 ``.ci/run`` installs it; without one the browser test skips, except under ``CI=true``)."""
@@ -14,7 +14,9 @@ import subprocess
 import pytest
 from report_pages import parse, report
 
-from mla_fuse_conformance.commands import report_heatmap, report_html
+from mla_fuse_conformance.commands.report import heatmap as report_heatmap
+
+from mla_fuse_conformance.commands.report import html as report_html
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCHEMA1 = ROOT / "tests" / "data" / "vllm-cpu-amx-schema1"  # docs/vllm-cpu/vllm-cpu-amx before its schema-2 regeneration
@@ -195,7 +197,7 @@ def test_a_browser_renders_the_page_with_every_failing_cell_rate_flag_and_versio
 def test_a_moved_report_finds_its_failure_files_beside_it(tmp_path):
     """``mla-fuse report --reproducers`` on a committed report: replay paths written on another
     machine are looked up under ``REPORT_DIR/failures/`` by name; a file found nowhere is left as is."""
-    from mla_fuse_conformance.commands.report_views import relocate_failure_files
+    from mla_fuse_conformance.commands.report.views import relocate_failure_files
 
     (tmp_path / "failures").mkdir()
     (tmp_path / "failures" / "f-1.json").write_text("{}")

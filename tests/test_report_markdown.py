@@ -1,4 +1,4 @@
-"""``summary.md`` (``commands/report_markdown.py``), its place in GitHub's job summary, and
+"""``summary.md`` (``commands/report/markdown.py``), its place in GitHub's job summary, and
 ``mla-fuse report DIR`` writing both views again from an existing report directory."""
 
 from __future__ import annotations
@@ -9,7 +9,11 @@ import shutil
 
 from report_pages import cell, report
 
-from mla_fuse_conformance.commands import cli, report_markdown, report_views
+from mla_fuse_conformance.commands import cli
+
+from mla_fuse_conformance.commands.report import markdown as report_markdown
+
+from mla_fuse_conformance.commands.report import views as report_views
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

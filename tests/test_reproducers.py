@@ -1,4 +1,4 @@
-"""Standalone reproducers (``commands/reproducer.py``): a failing cell's script fails as the cell did
+"""Standalone reproducers (``commands/repro/script.py``): a failing cell's script fails as the cell did
 (a planted bug: differs from the formula; a write outside an argument's buffer: shown in the guard
 bytes; vLLM's CPU rope: dies by SIGSEGV; vLLM's CPU MLA cache write: writes past kv_cache's storage) in
 an environment without mla_fuse, exits 0 with ``--reference`` (the formula's values judged instead of
@@ -19,7 +19,8 @@ import pytest
 
 from mla_fuse_conformance.cases.types import (FlashCase, MlaCase, Placement, RopeCase, ScaleSpec, SlotSpec, TableSpec,
                                               to_jsonable)
-from mla_fuse_conformance.commands import environment, reproducer
+from mla_fuse_conformance.commands.report import environment
+from mla_fuse_conformance.commands.repro import script as reproducer
 from mla_fuse_conformance.contract.implementation import load_implementation
 
 # the failure files of a bf16 NeoX rope case that crashes vLLM's CPU build (a misaligned half) and of an MLA
@@ -156,7 +157,7 @@ def test_a_subclass_overriding_a_shipped_adapters_method_is_called_itself():
     call_source of its own: the script imports the team's adapter (the base's call_source would
     run mla_fuse's kernel, and the team's bug would not reproduce)."""
     from mla_fuse_conformance.adapters.triton import TritonImplementation
-    from mla_fuse_conformance.commands.reproducer import call_source
+    from mla_fuse_conformance.commands.repro.script import call_source
 
     class Team(TritonImplementation):
         def concat_and_cache_mla(self, *args):

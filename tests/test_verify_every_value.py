@@ -14,7 +14,7 @@ from hypothesis import Phase, settings
 from mla_fuse_conformance.cases import tensors
 from mla_fuse_conformance.cases.every_value import every_value
 from mla_fuse_conformance.cases.features import features
-from mla_fuse_conformance.commands.report_json import applicable_values
+from mla_fuse_conformance.commands.report.document import applicable_values
 from mla_fuse_conformance.contract.implementation import load_implementation
 from mla_fuse_conformance.declarations.operations import CACHING_OPERATIONS
 from mla_fuse_conformance.judging import oracle

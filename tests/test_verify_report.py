@@ -1,4 +1,4 @@
-"""What ``mla-fuse verify`` runs and prints for an adapter with one operation (commands/verify.py).
+"""What ``mla-fuse verify`` runs and prints for an adapter with one operation (commands/verify/run.py).
 
 The properties of operations an adapter does not provide are deselected at collection (they
 would only skip), the large-address cases are left out of the ``dev`` profile and the report
@@ -17,7 +17,7 @@ import tomllib
 
 import pytest
 
-from mla_fuse_conformance.commands import verify
+from mla_fuse_conformance.commands.verify import run as verify
 from mla_fuse_conformance.contract.implementation import load_implementation
 from mla_fuse_conformance.declarations.third_party_warnings import FILTERWARNINGS
 from mla_fuse_conformance.contract.applicable import only_skips

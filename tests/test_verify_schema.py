@@ -1,5 +1,5 @@
 """report.json schema 2 (docs/REPORT.md): its parts from synthetic outcomes and maps, without a run
-(``commands/report_json.py``, ``commands/environment.py``), and the recorder's count of the
+(``commands/report/document.py``, ``commands/report/environment.py``), and the recorder's count of the
 examples per feature value that those parts sum."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import sys
 from xml.etree import ElementTree
 
 from mla_fuse_conformance.cases import strategies
-from mla_fuse_conformance.commands import environment, report_json
-from mla_fuse_conformance.commands.conformance_map import Cell, PropertyMap
+from mla_fuse_conformance.commands.report import environment
+from mla_fuse_conformance.commands.report import document as report_json
+from mla_fuse_conformance.commands.conformance_map.property_map import Cell, PropertyMap
 from mla_fuse_conformance.contract.implementation import load_implementation
 from mla_fuse_conformance.declarations.deployments import DEPLOYMENTS
 from mla_fuse_conformance.running.harness import property_named

@@ -204,7 +204,7 @@ class FlashInferImplementation:
     capabilities = {"rotary_embedding": ROPE, "concat_and_cache_mla": APPEND_MLA,
                     "concat_and_cache_mla_rope_fused": FUSED_MLA, "reshape_and_cache_flash": APPEND_FLASH,
                     "rope_and_reshape_and_cache_flash": FUSED_FLASH}
-    # the kernel call a standalone reproducer inlines (commands/reproducer.py); the cache operations go through
+    # the kernel call a standalone reproducer inlines (commands/repro/script.py); the cache operations go through
     # this module's page-table glue, so their reproducers import the adapter instead
     call_source = {"rotary_embedding": "import flashinfer.rope\nflashinfer.rope.apply_rope_with_cos_sin_cache_inplace("
                                        "positions, query, key, head_size, cos_sin_cache, is_neox)"}

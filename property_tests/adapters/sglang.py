@@ -113,7 +113,7 @@ class SglangImplementation:
     checks_inputs = False
     capabilities = {"rotary_embedding": ROPE, "rope_and_reshape_and_cache_flash": SET_KV,
                     "concat_and_cache_mla_rope_fused": MLA_FP8}
-    # the kernel calls a standalone reproducer inlines (commands/reproducer.py); the fused MLA operation goes through
+    # the kernel calls a standalone reproducer inlines (commands/repro/script.py); the fused MLA operation goes through
     # this module's glue (a q_nope and q output to pass), so its reproducer imports the adapter instead
     call_source = {
         "rotary_embedding": "from sgl_kernel import elementwise\nelementwise.apply_rope_with_cos_sin_cache_inplace("

@@ -14,7 +14,7 @@ class TritonImplementation:
     rounding = "single"
     padded_rows = "rotated"
     checks_inputs = True
-    # per operation, the kernel call a standalone reproducer inlines (commands/reproducer.py)
+    # per operation, the kernel call a standalone reproducer inlines (commands/repro/script.py)
     call_source = {op: f"from mla_fuse import ops\nops.{op}({', '.join(arguments)})"
                    for op, arguments in OPERATION_ARGUMENTS.items()}
 

@@ -249,7 +249,7 @@ class TritonCpuFastImplementation:
     rounding = "single"
     padded_rows = "rotated"
     checks_inputs = True
-    # per operation, the call a standalone reproducer inlines (commands/reproducer.py)
+    # per operation, the call a standalone reproducer inlines (commands/repro/script.py)
     call_source = {op: f"from mla_fuse_conformance.adapters import triton_cpu_fast\n"
                        f"triton_cpu_fast.{op}({', '.join(arguments)})" for op, arguments in OPERATION_ARGUMENTS.items()}
 

@@ -136,7 +136,7 @@ class VllmImplementation:
         fused_flash = getattr(ops, "rope_and_reshape_and_cache_flash", None)
         if fused_flash is not None:
             self.rope_and_reshape_and_cache_flash = fused_flash
-        # per operation, the kernel call a standalone reproducer inlines (commands/reproducer.py)
+        # per operation, the kernel call a standalone reproducer inlines (commands/repro/script.py)
         self.call_source = {op: f"from vllm import _custom_ops as ops\nops.{op}({', '.join(OPERATION_ARGUMENTS[op])})"
                             for op in OPERATION_ARGUMENTS if callable(getattr(self, op, None))}
 
@@ -152,7 +152,7 @@ class VllmImplementation:
         self.capabilities = {"rotary_embedding": CPU_ROPE, "concat_and_cache_mla": CPU_MLA_CACHE}
         self.rotary_embedding = self._cpu_rotary_embedding
         load = f"import importlib.util, pathlib\ntorch.ops.load_library(str({library_expression(path)}))\n"
-        # per operation, the kernel call a standalone reproducer inlines (commands/reproducer.py)
+        # per operation, the kernel call a standalone reproducer inlines (commands/repro/script.py)
         self.call_source = {"rotary_embedding": load + (
             "torch.ops._C.rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)")}
         if hasattr(torch.ops._C, "concat_and_cache_mla_cpu"):

@@ -7,7 +7,7 @@ serves three purposes:
 * statistics: each example's features are hypothesis ``event()``s (``--hypothesis-show-statistics``);
 * capabilities: an implementation declares the values it supports (``contract/capabilities.py``) and a
   drawn case is moved onto them with ``Axis.set`` (no rejection sampling);
-* the conformance map (``commands/conformance_map.py``): a failing case is moved along one axis at a time to
+* the conformance map (``commands/conformance_map/property_map.py``): a failing case is moved along one axis at a time to
   find which of its feature values the failure needs.
 
 ``Axis.values`` is the contract's domain, simplest first. ``Axis.set(case, value)`` returns a valid

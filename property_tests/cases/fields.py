@@ -1,6 +1,6 @@
 """A case's generated fields, one at a time: enumerate them, vary one, and the relations between them.
 
-The conformance map (``commands/conformance_map.py``) diagnoses a failing case by moving it along
+The conformance map (``commands/conformance_map/property_map.py``) diagnoses a failing case by moving it along
 its own fields rather than along a fixed list of feature axes: every size, the block size, each
 buffer's memory order, padding, offset and storage offset, the index dtypes and layouts, the value
 ranges. A field is named by its path in the case: ``block_size``, ``slots.padding``,

@@ -78,7 +78,7 @@ class Counted:
         self.progress.update(self.line(step=True))
 
     def __call__(self, case, *args):
-        from mla_fuse_conformance.commands.diagnosis import FAILURES
+        from mla_fuse_conformance.commands.conformance_map.diagnosis import FAILURES
 
         self.tried += 1
         try:

@@ -23,7 +23,6 @@ from mla_fuse_conformance.contract.implementation import pass_mutants
 from mla_fuse_conformance.running.devices import allocated_bytes, kernels_device
 from mla_fuse_conformance.running.events import event as harness_event
 
-PASSES_IMPLEMENTATION = "triton"  # what the passes insert: mla_fuse.ops
 GROWTH_LIMIT = 0.05  # a step may allocate at most 5% of the bytes a cache grows by (a copy is >= 100%)
 FP8_STORAGE = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 UPDATE_NAMES = {"mla": ("unified_mla_kv_cache_update", "fused_rope_and_unified_mla_kv_cache_update"),

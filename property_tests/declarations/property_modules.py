@@ -9,6 +9,8 @@ runs the kernel modules against any implementation and the compile-pass modules 
 
 from __future__ import annotations
 
+import pathlib
+
 PROPERTIES_PACKAGE = "mla_fuse_conformance.properties"
 # Plain @given tests marked @pytest.mark.mla_fuse(operations), run against --mla-fuse-impl.
 KERNEL_PROPERTY_MODULES = ("test_rotary_embedding", "test_mla", "test_flash", "test_real_sizes", "test_deployments",
@@ -21,6 +23,12 @@ EXPLICIT_ONLY_MODULES = ("test_real_sizes", "test_deployments", "test_interactio
 COMPILE_PASS_MODULES = ("test_compile_passes",)
 # Fixed-case tests of --mla-fuse-impl (no search): addresses past 2^31 elements.
 FIXED_CASE_MODULES = ("test_large_addresses",)
+
+
+# the directory of the property modules (pytest's rootdir for the fuzzer's workers)
+SUITE_DIR = pathlib.Path(__file__).resolve().parent.parent / "properties"
+# the one implementation the compile passes insert (mla_fuse.ops): the compile-pass modules run only for it
+PASSES_IMPLEMENTATION = "triton"
 
 
 def qualified(module: str) -> str:

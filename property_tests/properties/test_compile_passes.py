@@ -50,10 +50,11 @@ from mla_fuse_conformance.settings import profiles
 from mla_fuse_conformance.cases.engine_caches import CacheLayout  # noqa: F401  (names for replaying a printed case)
 from mla_fuse_conformance.compile_passes.cases import CompileCase, FusionSettings, compile_cases
 from mla_fuse_conformance.compile_passes.checks import (
-    PASSES_IMPLEMENTATION, check_planted, plant_pass_mutant, planted_pass_mutant,
+    check_planted, plant_pass_mutant, planted_pass_mutant,
 )
 from mla_fuse_conformance.compile_passes.models import MhaGeometry, MlaGeometry, ModelSpec  # noqa: F401
 from mla_fuse_conformance.contract.implementation import resolve_spec
+from mla_fuse_conformance.declarations.property_modules import PASSES_IMPLEMENTATION
 from mla_fuse_conformance.running.harness import examples
 
 PLANTED = plant_pass_mutant(planted_pass_mutant())  # $MLA_FUSE_PASS_MUTANT at import, held for the process's life

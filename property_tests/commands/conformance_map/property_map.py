@@ -37,8 +37,9 @@ from mla_fuse_conformance.cases.types import BadInputCase
 from mla_fuse_conformance.declarations.operations import CACHING_OPERATIONS
 from mla_fuse_conformance.running.executor import ChildNotProvided, Crashed, RaisedInChild
 from mla_fuse_conformance.cases.features import AXIS, axes_for, describe, features
-from mla_fuse_conformance.commands import diagnosis as diagnosing
-from mla_fuse_conformance.commands import known_cells, refinement
+from mla_fuse_conformance.commands.conformance_map import diagnosis as diagnosing
+from mla_fuse_conformance.commands.conformance_map import known_cells
+from mla_fuse_conformance.commands.conformance_map import refinement
 
 FAILURES = diagnosing.FAILURES
 SOURCE_NOTES = {"test run": " (from the test run's failing example, not shrunk)",

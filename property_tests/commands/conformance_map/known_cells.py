@@ -36,19 +36,12 @@ from hypothesis.errors import UnsatisfiedAssumption
 from mla_fuse_conformance.cases import types as case_types
 from mla_fuse_conformance.cases.features import features
 from mla_fuse_conformance.cases.types import BadInputCase
-from mla_fuse_conformance.commands import diagnosis as diagnosing
-from mla_fuse_conformance.commands.report_json import kind_class
+from mla_fuse_conformance.commands.conformance_map import diagnosis as diagnosing
+from mla_fuse_conformance.commands.conformance_map.identity import kind_family
 from mla_fuse_conformance.running import recording
 from mla_fuse_conformance.running.executor import ChildNotProvided
 
 SOURCE = "baseline"  # ``Cell.source`` of a carried known cell
-
-
-def kind_family(kind: str) -> str:
-    """How two failures' kinds compare: ``raised TYPE``, ``hung``, or ``wrong result or crashed`` (a
-    crash seen by the test runner carries no signal, the map's does; ``baseline.match_key``)."""
-    kind = kind_class(kind)
-    return "wrong result or crashed" if kind == "wrong result" or kind.startswith("crashed") else kind
 
 
 @dataclasses.dataclass

@@ -58,8 +58,8 @@ def from_schema1(old: dict) -> dict:
 def schema1_cells(maps: list[dict]) -> list[dict]:
     """``maps[].cells[]`` flattened as ``verify`` flattens them; a cell whose diagnosis this version
     cannot read is kept with its feature values as its condition."""
-    from mla_fuse_conformance.commands import report_json
-    from mla_fuse_conformance.commands.conformance_map import Cell, PropertyMap
+    from mla_fuse_conformance.commands.report import document as report_json
+    from mla_fuse_conformance.commands.conformance_map.property_map import Cell, PropertyMap
 
     found = []
     for entry in maps:

@@ -1,6 +1,6 @@
 """The report of an ``mla-fuse fuzz`` campaign: each property's verdict in a table, what failed with
 the commands that replay it, what did not replay, why the campaign could not run; ``summary.json``
-and the exit status (``EXIT_*``, described in ``commands/fuzz.py``).
+and the exit status (``EXIT_*``, described in ``commands/fuzz/cli.py``).
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import json
 import pathlib
 import shlex
 
-from mla_fuse_conformance.commands.fuzz_records import PropertySummary
-from mla_fuse_conformance.commands.fuzz_workers import Worker, fuzz_target_count
+from mla_fuse_conformance.commands.fuzz.records import PropertySummary
+from mla_fuse_conformance.commands.fuzz.workers import Worker, fuzz_target_count
 from mla_fuse_conformance.settings import database
 from mla_fuse_conformance.settings import profiles
 from mla_fuse_conformance.running import recording

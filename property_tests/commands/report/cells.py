@@ -4,7 +4,7 @@ implementations side by side (``comparison.json``, written by ``mla-fuse compare
 
 from __future__ import annotations
 
-from mla_fuse_conformance.commands.report_markup import section, table, text
+from mla_fuse_conformance.commands.report.markup import section, table, text
 
 RESULTS = ("pass", "fail", "crash", "hang", "outside declared limits")
 DIFFERENCES = ("cases", "max_ulps", "max_fp8_codes", "passthrough_bytes", "cache_bytes")

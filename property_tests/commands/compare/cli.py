@@ -46,7 +46,7 @@ def add_compare(commands) -> None:
 
 
 def run(args) -> int:
-    from mla_fuse_conformance.commands.compare_run import run_compare
+    from mla_fuse_conformance.commands.compare.run import run_compare
 
     problem = argument_error(args.impls, args.operations, args.cases)
     if problem is not None:

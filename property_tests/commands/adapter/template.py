@@ -1,4 +1,4 @@
-"""``mla-fuse adapter --template``: an adapter skeleton with the contract's signatures.
+"""The adapter skeleton ``mla-fuse adapter --template`` writes, with the contract's signatures.
 
 The class declares ``name``, ``rounding``, ``padded_rows``, ``checks_inputs``, ``required`` and
 ``capabilities`` (each commented with its allowed values and default) and has one method per
@@ -10,14 +10,11 @@ argument's shape and dtype, and a body that raises ``NotImplementedError("call y
 from __future__ import annotations
 
 import dataclasses
-import pathlib
 import re
-import sys
 import textwrap
 
 from mla_fuse_conformance.contract.capabilities import TABLE_POLICIES, Capabilities
-from mla_fuse_conformance.declarations.operations import (OPERATION_ARGUMENTS, OPERATIONS, PADDED_ROW_MODES,
-                                                           ROUNDING_MODES)
+from mla_fuse_conformance.declarations.operations import OPERATION_ARGUMENTS, PADDED_ROW_MODES, ROUNDING_MODES
 from mla_fuse_conformance.declarations.options import CLI_IMPL_OPTION, PYTEST_IMPL_OPTION
 
 # What each operation does, and each argument's shape, dtype and role (CONTRACT §1-4); an
@@ -145,38 +142,3 @@ def template(operations: tuple[str, ...], name: str, module: str) -> str:
             '"""', "", "", f"class {cls}:"]
     body = declaration_lines(name) + capability_lines()
     return "\n".join(head + body + [""] + "\n\n".join(method(op) for op in operations).split("\n")) + "\n"
-
-
-def write(text: str, out: pathlib.Path | None) -> int:
-    """``text`` to ``out`` (never over an existing file), or to stdout."""
-    if out is None:
-        sys.stdout.write(text)
-        return 0
-    try:
-        with open(out, "x", encoding="utf-8") as file:
-            file.write(text)
-    except FileExistsError:
-        print(f"mla-fuse adapter: --out {out} exists; not overwritten (remove it or choose another file)",
-              file=sys.stderr)
-        return 2
-    print(f"mla-fuse adapter: wrote {out}", file=sys.stderr)
-    return 0
-
-
-def add_adapter(commands) -> None:
-    adapter = commands.add_parser("adapter", help="write an adapter skeleton with the contract's signatures")
-    adapter.add_argument("--template", action="store_true", required=True,
-                         help="write the skeleton: the declarations and one method per operation")
-    adapter.add_argument("--op", action="append", choices=OPERATIONS, metavar="OP", dest="operations",
-                         help=f"an operation to include (repeatable; default all five: {', '.join(OPERATIONS)})")
-    adapter.add_argument("--out", type=pathlib.Path, default=None,
-                         help="the file to write (default: stdout); an existing file is not overwritten")
-    adapter.add_argument("--name", default="my-kernels", help="the implementation's name; the class is named "
-                                                              "after it (default: my-kernels -> MyKernels)")
-
-    def run(args) -> int:
-        operations = tuple(op for op in OPERATIONS if op in (args.operations or OPERATIONS))
-        module = args.out.stem if args.out is not None else "my_adapter"
-        return write(template(operations, args.name, module), args.out)
-
-    adapter.set_defaults(run=run)

@@ -8,15 +8,15 @@
    failure file by the plugin). Outcomes and metrics come from pytest's report hooks
    (``outcomes.jsonl``, written by the plugin), not from parsing JUnit; ``junit.xml`` is still
    written for CI services.
-3. For every failing property, build its conformance map (``conformance_map.py``): which feature values
+3. For every failing property, build its conformance map (``conformance_map/property_map.py``): which feature values
    fail, each failing cell with its replay file, and which pass.
 4. Check each declared limit with a few cases just outside it.
 5. Print the report (what ran first: implementation, versions, device, CPU flags; the coverage
-   summary last), write ``report.json`` (schema 2, docs/REPORT.md: ``report_json.py``,
-   ``environment.py``), a standalone script per failing cell, run (``reproducer.py``), its views
-   (``report.html``, ``summary.md``: ``report_views.py``) and the environment into ``junit.xml``; exit 0
+   summary last), write ``report.json`` (schema 2, docs/REPORT.md: ``report/document.py``,
+   ``report/environment.py``), a standalone script per failing cell, run (``repro/script.py``), its views
+   (``report.html``, ``summary.md``: ``report/views.py``) and the environment into ``junit.xml``; exit 0
    when everything passed, 1 otherwise; with ``--baseline`` / ``--known-failures``, 0 when no failing
-   id is new (``baseline.py``).
+   id is new (``conformance_map/baseline.py``).
 """
 
 from __future__ import annotations
@@ -33,13 +33,23 @@ import sys
 import textwrap
 import time
 
-from mla_fuse_conformance.commands import baseline, environment, progress, report_json, report_views, reproducer
+from mla_fuse_conformance.commands.conformance_map import baseline
+
+from mla_fuse_conformance.commands.report import environment
+
+from mla_fuse_conformance.commands import progress
+
+from mla_fuse_conformance.commands.report import document as report_json
+
+from mla_fuse_conformance.commands.report import views as report_views
+
+from mla_fuse_conformance.commands.repro import script as reproducer
 from mla_fuse_conformance.settings import profiles
 from mla_fuse_conformance.running import recording
 from mla_fuse_conformance.cases.features import describe
 from mla_fuse_conformance.contract.implementation import ImplementationError, load_implementation
 from mla_fuse_conformance.declarations.operations import OPERATIONS, ROTATING_OPERATIONS
-from mla_fuse_conformance.declarations.property_modules import COMPILE_PASS_MODULES
+from mla_fuse_conformance.declarations.property_modules import COMPILE_PASS_MODULES, PASSES_IMPLEMENTATION, SUITE_DIR
 from mla_fuse_conformance.running.recording import OUTCOMES_FILE
 
 SUITE_PACKAGE = "mla_fuse_conformance"
@@ -203,7 +213,6 @@ def pytest_command(spec: str, profile: str, report_dir: pathlib.Path, workers: s
 def ignored_modules(spec: str) -> list[str]:
     """The compile-pass properties call ``mla_fuse``'s own ops, so they apply to ``triton`` only;
     for another implementation their module is not even imported (Inductor: 3 s per process)."""
-    from mla_fuse_conformance.commands.fuzz_workers import PASSES_IMPLEMENTATION, SUITE_DIR
 
     if spec == PASSES_IMPLEMENTATION:
         return []
@@ -243,7 +252,7 @@ def run_maps(impl, outcomes: list[dict], profile: str, rounds: int, phases: dict
     from mla_fuse_conformance.running.executor import Executor
     from mla_fuse_conformance.cases import types as case_types
     from mla_fuse_conformance.running.harness import all_properties, property_named
-    from mla_fuse_conformance.commands.conformance_map import PropertyMap, check_limit, map_property
+    from mla_fuse_conformance.commands.conformance_map.property_map import PropertyMap, check_limit, map_property
 
     max_examples = {"ci": profiles.CI_MAX_EXAMPLES, "dev": 30}.get(profile, 100)
     device = str(select_device())

@@ -30,7 +30,7 @@ import textwrap
 import time
 
 from mla_fuse_conformance.cases import types as case_types
-from mla_fuse_conformance.commands import reproducer_formulas as formulas
+from mla_fuse_conformance.commands.repro import formulas
 from mla_fuse_conformance.cases import tensors
 from mla_fuse_conformance.declarations.operations import (CACHING_OPERATIONS, FUSED_OPERATIONS, OPERATION_ARGUMENTS,
                                                           ROTATING_OPERATIONS)

@@ -1,4 +1,4 @@
-"""The diagnosis' step 3 (``commands/diagnosis.py``): a cell's failure rate measured on random cases
+"""The diagnosis' step 3 (``commands/conformance_map/diagnosis.py``): a cell's failure rate measured on random cases
 inside it, and the cell narrowed or pruned by what those cases show.
 
 * A *partial* cell (some cases inside pass) is narrowed by the relations that split its failing
@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Callable
 
 from mla_fuse_conformance.cases import fields as case_fields
-from mla_fuse_conformance.commands.diagnosis import (DATA_FIELDS, VECTOR_HALVES, Diagnosis, _base, measure,
+from mla_fuse_conformance.commands.conformance_map.diagnosis import (DATA_FIELDS, VECTOR_HALVES, Diagnosis, _base, measure,
                                                      relations_of)
 
 ADDRESS_RELATIONS = ("-byte aligned", "half >= ")  # diagnosis.alignment_relations: what vector accesses need

@@ -10,8 +10,8 @@ from __future__ import annotations
 import collections
 import pathlib
 
-from mla_fuse_conformance.commands import report_sources
-from mla_fuse_conformance.commands.report_cells import baseline_mark, rate_text
+from mla_fuse_conformance.commands.report import sources as report_sources
+from mla_fuse_conformance.commands.report.cells import baseline_mark, rate_text
 from mla_fuse_conformance.declarations.operations import OPERATIONS
 
 SUMMARY_FILE = "summary.md"

@@ -8,8 +8,8 @@ import dataclasses
 import json
 import pathlib
 
-from mla_fuse_conformance.commands import environment
-from mla_fuse_conformance.commands.compare_distances import Distance
+from mla_fuse_conformance.commands.report import environment
+from mla_fuse_conformance.commands.compare.distances import Distance
 from mla_fuse_conformance.declarations.operations import OPERATIONS
 
 OUTCOMES = ("pass", "fail", "crash", "hang", "outside declared limits")

@@ -62,15 +62,15 @@ import time
 import xml.etree.ElementTree as ElementTree
 
 # The campaign's parts, by role: the workers, what HypoFuzz recorded, the report. Their public names
-# stay importable from this module (tests and scripts import them from mla_fuse_conformance.commands.fuzz).
-from mla_fuse_conformance.commands.fuzz_records import (  # noqa: F401
+# stay importable from this module (tests and scripts import them from mla_fuse_conformance.commands.fuzz.cli).
+from mla_fuse_conformance.commands.fuzz.records import (  # noqa: F401
     CampaignWindow, PropertySummary, failure_message, read_campaign,
 )
-from mla_fuse_conformance.commands.fuzz_report import (  # noqa: F401
+from mla_fuse_conformance.commands.fuzz.report import (  # noqa: F401
     EXIT_BAD_ARGUMENTS, EXIT_COULD_NOT_RUN, EXIT_DID_NOT_REPLAY, EXIT_FAILED, EXIT_PASSED, campaign_errors, exit_status,
     write_report,
 )
-from mla_fuse_conformance.commands.fuzz_workers import (  # noqa: F401
+from mla_fuse_conformance.commands.fuzz.workers import (  # noqa: F401
     SUITE_DIR, WORKER_MODULE, Worker, cuda_devices, pytest_options, start_workers, stop, suite_files, wait_for,
     worker_command, worker_devices, worker_environment,
 )

@@ -1,7 +1,7 @@
 """One ``mla-fuse fuzz`` worker: HypoFuzz's fuzzing loop (``hypofuzz.hypofuzz.FuzzWorker``) in this
 process, without HypoFuzz's hub.
 
-    python -m mla_fuse_conformance.commands.fuzz_worker PYTEST_ARGS...
+    python -m mla_fuse_conformance.commands.fuzz.worker PYTEST_ARGS...
 
 ``hypothesis fuzz -n 1`` runs a hub that forks a ``Manager`` and one fuzzing process, and every
 60 s ends the campaign if no worker has a property left to fuzz. HypoFuzz 25.11.1's hub reads

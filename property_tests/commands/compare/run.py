@@ -17,8 +17,12 @@ import time
 
 from hypothesis.errors import UnsatisfiedAssumption
 
-from mla_fuse_conformance.commands import compare_cases, compare_report, report_html
-from mla_fuse_conformance.commands.compare_distances import Distance
+from mla_fuse_conformance.commands.compare import cases as compare_cases
+
+from mla_fuse_conformance.commands.compare import report as compare_report
+
+from mla_fuse_conformance.commands.report import html as report_html
+from mla_fuse_conformance.commands.compare.distances import Distance
 from mla_fuse_conformance.running.executor import ChildNotProvided, Crashed, Executor, Hung, RaisedInChild
 
 OUTSIDE = "outside declared limits"

@@ -15,20 +15,19 @@ import subprocess
 import sys
 import time
 
-from mla_fuse_conformance.commands.fuzz_records import CampaignWindow, read_campaign, total_inputs
+from mla_fuse_conformance.commands.fuzz.records import CampaignWindow, read_campaign, total_inputs
 from mla_fuse_conformance.commands.progress import Progress, elapsed
-from mla_fuse_conformance.commands.fuzz_worker import ALL_FAILED, STOP_SIGNAL  # its line when it ends on its own
+from mla_fuse_conformance.commands.fuzz.worker import ALL_FAILED, STOP_SIGNAL  # its line when it ends on its own
 from mla_fuse_conformance.declarations.property_modules import (COMPILE_PASS_MODULES, EXPLICIT_ONLY_MODULES,
-                                                                 KERNEL_PROPERTY_MODULES)
+                                                                 KERNEL_PROPERTY_MODULES,
+                                                                 PASSES_IMPLEMENTATION, SUITE_DIR)
 from mla_fuse_conformance.settings import database
 from mla_fuse_conformance.settings import profiles
 from mla_fuse_conformance.running import recording
 
-SUITE_DIR = pathlib.Path(__file__).resolve().parent.parent / "properties"  # the property modules: pytest's rootdir
 # what a fuzzer can search: the kernel properties but those of fixed explicit examples only
 FUZZED_KERNEL_MODULES = tuple(module for module in KERNEL_PROPERTY_MODULES if module not in EXPLICIT_ONLY_MODULES)
-PASSES_IMPLEMENTATION = "triton"
-WORKER_MODULE = "mla_fuse_conformance.commands.fuzz_worker"  # HypoFuzz's fuzzing loop without its hub
+WORKER_MODULE = "mla_fuse_conformance.commands.fuzz.worker"  # HypoFuzz's fuzzing loop without its hub
 STOP_CHECK_SECONDS = 2.0
 STOP_GRACE_SECONDS = 20.0
 TARGET_COUNT = re.compile(r"using \d+ process(?:es)? to fuzz (\d+) tests?")  # how many properties a worker fuzzes

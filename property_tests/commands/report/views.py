@@ -8,7 +8,11 @@ from __future__ import annotations
 import pathlib
 import sys
 
-from mla_fuse_conformance.commands import report_html, report_markdown, report_sources
+from mla_fuse_conformance.commands.report import html as report_html
+
+from mla_fuse_conformance.commands.report import markdown as report_markdown
+
+from mla_fuse_conformance.commands.report import sources as report_sources
 
 
 def write(report_dir: pathlib.Path, step_summary: str | None = None) -> list[pathlib.Path]:
@@ -42,7 +46,7 @@ def relocate_failure_files(report_dir: pathlib.Path, report: dict) -> int:
 def reproduce(report_dir: pathlib.Path) -> None:
     """``mla-fuse report --reproducers DIR``: write and run a reproducer per failing cell of a
     schema-2 report that has none yet (as ``verify`` does), then the views."""
-    from mla_fuse_conformance.commands import reproducer
+    from mla_fuse_conformance.commands.repro import script as reproducer
 
     report = report_sources.read_json(pathlib.Path(report_dir) / report_sources.REPORT_FILE)
     if report is None or report.get("schema", 1) < 2:

@@ -22,7 +22,7 @@ Given hypothesis' shrunk failing case:
    walked towards the failing case one field at a time: the step where it starts to fail gives a
    failing and a passing example that differ in one field, reported with the rate ("partial").
    A drawn case outside a cell with field values is first moved onto them (``fields.vary``), so
-   that a narrow cell (``latent 37``) is measured too. ``commands/refinement.py`` then narrows a
+   that a narrow cell (``latent 37``) is measured too. ``commands/conformance_map/refinement.py`` then narrows a
    partial cell by the relations that split its failing from its passing cases (else by its pair's
    field), and drops from a full one an alignment relation that splits nothing.
 """
@@ -292,7 +292,7 @@ def inside(condition: list[list], case, relations: dict | None = None) -> bool:
 def measure(prop, impl, strategy, run_example: Callable, condition: list[list], failing_case,
             examples: int = RATE_EXAMPLES, members: list | None = None) -> tuple[list[int], dict | None]:
     """Step 3: ``([failing, tried], pair)`` among random cases inside the cell; ``members`` gets
-    ``(relations, fails)`` of each (``commands/refinement.py`` narrows the cell with them)."""
+    ``(relations, fails)`` of each (``commands/conformance_map/refinement.py`` narrows the cell with them)."""
     counts = collections.Counter()
     passing_members: list = []
     own = case_fields.leaves(_base(failing_case))

@@ -20,8 +20,7 @@ import dataclasses
 import json
 import pathlib
 
-from mla_fuse_conformance.commands.known_cells import kind_family
-from mla_fuse_conformance.commands.report_json import cell_id, kind_class
+from mla_fuse_conformance.commands.conformance_map.identity import cell_id, kind_class, kind_family
 
 BASELINE_OPTION, KNOWN_FAILURES_OPTION, WRITE_OPTION = "--baseline", "--known-failures", "--write-known-failures"
 FAILED_TEST = "failed test"
@@ -123,7 +122,7 @@ def report_ids(path: pathlib.Path, report: dict | None = None) -> tuple[set[str]
             "failing tests count as new")
     if report.get("schema") == 2:
         return {cell["id"] for cell in report.get("cells", [])}, note
-    from mla_fuse_conformance.commands.conformance_map import Cell
+    from mla_fuse_conformance.commands.conformance_map.property_map import Cell
 
     return {cell_id(found["property"], cell["kind"], Cell(**cell).title())
             for found in report.get("maps", []) for cell in found["cells"]}, note

@@ -16,8 +16,12 @@ from __future__ import annotations
 
 import pathlib
 
-from mla_fuse_conformance.commands import report_cells, report_heatmap, report_sources
-from mla_fuse_conformance.commands.report_markup import STYLE, section, table, text
+from mla_fuse_conformance.commands.report import cells as report_cells
+
+from mla_fuse_conformance.commands.report import heatmap as report_heatmap
+
+from mla_fuse_conformance.commands.report import sources as report_sources
+from mla_fuse_conformance.commands.report.markup import STYLE, section, table, text
 from mla_fuse_conformance.declarations.operations import OPERATIONS
 
 PAGE_FILE = "report.html"

@@ -14,6 +14,7 @@ import dataclasses
 import pathlib
 import re
 
+from mla_fuse_conformance.commands.conformance_map.identity import cell_id
 from mla_fuse_conformance.running import recording
 
 SCHEMA = 2
@@ -41,17 +42,6 @@ def pairs_coverage(outcomes: list[dict]) -> dict:
                 found[operation] = {"strength": 2, "cases": len(interactions.committed_rows(operation)),
                                     "pairs": interactions.committed_pairs(operation), "outcome": line["outcome"]}
     return found
-
-
-def kind_class(kind: str) -> str:
-    """A failure's kind without what varies between runs: ``wrong result``, ``raised TYPE``,
-    ``crashed (SIGNAL)``, ``hung``; a replay note (``, not the same on replay``) is dropped."""
-    kind = kind.partition(", not the same on replay")[0]
-    return "hung" if kind.startswith("hung") else kind
-
-
-def cell_id(property_name: str, kind: str, condition: str) -> str:
-    return f"{property_name} | {kind_class(kind)} | {condition}"
 
 
 def replay(path: str | None) -> dict | None:

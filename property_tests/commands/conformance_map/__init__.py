@@ -1,0 +1,1 @@
+"""The conformance map: failing cells per failing property, declared limits checked, known failures."""

@@ -1,0 +1,1 @@
+"""``mla-fuse fuzz`` (a HypoFuzz campaign) and ``mla-fuse db``."""

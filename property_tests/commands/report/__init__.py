@@ -1,0 +1,1 @@
+"""The report: report.json (``document.py``), report.html, summary.md, ``mla-fuse report``."""

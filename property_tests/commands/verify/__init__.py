@@ -1,0 +1,1 @@
+"""``mla-fuse verify``: the properties, then the map and the report (``run.py``)."""
