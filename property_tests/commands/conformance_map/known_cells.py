@@ -33,6 +33,7 @@ from typing import Callable
 
 from hypothesis.errors import UnsatisfiedAssumption
 
+from mla_fuse_conformance.cases import fields as case_fields
 from mla_fuse_conformance.cases import types as case_types
 from mla_fuse_conformance.cases.features import features
 from mla_fuse_conformance.cases.types import BadInputCase
@@ -42,6 +43,15 @@ from mla_fuse_conformance.running import recording
 from mla_fuse_conformance.running.executor import ChildNotProvided
 
 SOURCE = "baseline"  # ``Cell.source`` of a carried known cell
+CARRIED = "another property"  # ``Cell.source`` of a cell found for another property of the same run
+
+
+def applies(entry: dict, prop) -> bool:
+    """Whether a cell found for another property can be tried as the same cell in ``prop`` (any
+    property but the one that found it). The condition itself is
+    tried on ``prop``'s cases by ``KnownCell.holds``: a feature value or a field ``prop``'s cases do
+    not have is never met there, so such a cell is never confirmed in ``prop``."""
+    return entry.get("found_by") not in (None, prop.name)
 
 
 @dataclasses.dataclass
@@ -55,13 +65,23 @@ class KnownCell:
     def holds(self, case, rotates: bool, relations: Callable[[], dict | None]) -> bool:
         """Whether ``case`` lies inside the cell as the map that found it left it out of its later
         searches (``conformance_map.search``): it has the cell's feature values, or its condition
-        holds (``relations``: the case's, computed once on demand)."""
+        holds (``relations``: the case's, computed once on demand). A cell found for another property
+        holds by its trigger alone: its condition where it has one, else its feature values, never
+        for a cell of neither (that property failed everywhere: this one maps itself)."""
         condition, data = self.entry["condition"], self.entry["condition"].get("data")
+        needed = condition.get("features") or {}
         found = features(case.base if isinstance(case, BadInputCase) else case, rotates)
-        if all(found.get(axis) == value for axis, value in (condition.get("features") or {}).items()):
-            return True
-        if data is None:
-            return False
+        has_values = all(found.get(axis) == value for axis, value in needed.items())
+        if self.entry.get("found_by") is not None:
+            if not data:
+                return bool(needed) and has_values
+            fields = case_fields.leaves(case.base if isinstance(case, BadInputCase) else case)
+            named = all(name in fields for kind, name, _ in data if kind in ("field", "field-not"))
+            return named and self._inside(data, case, relations)  # a field this case lacks: never inside
+        return has_values or (data is not None and self._inside(data, case, relations))
+
+    @staticmethod
+    def _inside(data: list, case, relations: Callable[[], dict | None]) -> bool:
         needs_relations = any(kind == "relation" for kind, _, _ in data)
         return diagnosing.inside(data, case, (relations() or {}) if needs_relations else {})
 
@@ -103,7 +123,8 @@ class Sorter:
         """The known cells with a failing example: the map's, else one of ``tried`` (the property
         test's failing cases) or the baseline's own failing case inside the cell."""
         for known in self.known:
-            for case in [*tried, *baseline_case(known.entry)]:
+            own = baseline_case(known.entry) if known.entry.get("found_by") is None else []  # not another property's
+            for case in [*tried, *own]:
                 if known.case is not None:
                     break
                 if known.holds(case, self.rotates, lambda case=case: diagnosing.relations_of(case)):

@@ -44,7 +44,9 @@ from mla_fuse_conformance.commands.conformance_map import refinement
 FAILURES = diagnosing.FAILURES
 SOURCE_NOTES = {"test run": " (from the test run's failing example, not shrunk)",
                 known_cells.SOURCE: " (known: the baseline's cell, its condition and rate; this run's failing "
-                                    "example inside it below)"}
+                                    "example inside it below)",
+                known_cells.CARRIED: " (found first for {found_by}: the same condition confirmed here, its rate "
+                                     "measured here)"}
 
 
 @dataclasses.dataclass
@@ -56,8 +58,10 @@ class Cell:
     error: str
     file: str
     diagnosis: dict | None = None  # diagnosis.Diagnosis as a dict: the trigger in the case's own fields
-    source: str = "shrunk"  # "shrunk" (hypothesis' shrunk case), "test run" (the property test's example) or
+    source: str = "shrunk"  # "shrunk" (hypothesis' shrunk case), "test run" (the property test's example),
     # "baseline" (a known cell of --baseline, confirmed by this run's example: its condition and rate the baseline's)
+    # or "another property" (a cell this run found for ``found_by``, confirmed in this property: one defect, one map)
+    found_by: str | None = None
 
     def title(self) -> str:
         if self.diagnosis is None:
@@ -99,7 +103,7 @@ class PropertyMap:
             else:
                 diagnosis = diagnosing.Diagnosis.from_dict(cell.diagnosis)
                 out.append(f"  fails   {diagnosis.describe()}: {kinds}; {diagnosis.rate_text()}"
-                           + SOURCE_NOTES.get(cell.source, ""))
+                           + SOURCE_NOTES.get(cell.source, "").format(found_by=cell.found_by))
                 out += diagnosis.lines()
                 if diagnosis.pair and diagnosis.pair.get("file"):
                     pair = diagnosis.pair
@@ -238,13 +242,18 @@ def _pair_file(prop, impl, device, run_example: Callable, pair: dict) -> str | N
 
 def map_property(prop, impl, device, run_example: Callable, max_examples: int, rounds: int = 6,
                  known: tuple = (), baseline: tuple[dict, ...] | list[dict] = (),
-                 on_step: Callable[[str], None] = lambda text: None) -> PropertyMap:
+                 on_step: Callable[[str], None] = lambda text: None, found: tuple[dict, ...] | list[dict] = ()
+                 ) -> PropertyMap:
     """The conformance map of ``prop`` on ``impl`` (module docstring). ``known``: the cases the
     property's test failed with, diagnosed when the map's own searches meet no failure;
     ``baseline``: a baseline report's cells of ``prop``, sorted out first (``known_cells.py``);
+    ``found``: the cells this run's maps of other properties found (report.json entries with
+    ``found_by``), sorted out the same way and, where one is confirmed here, carried with the rate
+    measured here instead of derived again (one defect, one map);
     ``on_step``: told each step (``round 2/6, cell 3: CONDITION (fails 4/4)``) as it starts."""
-    sorter = known_cells.Sorter(run_example, prop.rotates, list(baseline))
-    run_example = sorter if baseline else run_example
+    entries = [*baseline, *(entry for entry in found if known_cells.applies(entry, prop))]
+    sorter = known_cells.Sorter(run_example, prop.rotates, entries)
+    run_example = sorter if entries else run_example
     cells: list[Cell] = []
     exclude: list[dict] = []
     passing: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
@@ -268,7 +277,8 @@ def map_property(prop, impl, device, run_example: Callable, max_examples: int, r
         if not cells[-1].features:  # every case tried fails: nothing left to map
             complete = True
             break
-    carried = [_carried(prop, impl, device, found) for found in sorter.confirm(known)] if baseline else []
+    carried = [_carried(prop, impl, device, cell, strategy, sorter.run_example, on_step)
+               for cell in sorter.confirm(known)] if entries else []
     note = None
     if not cells and not carried:
         outside = tuple(case for case in known if not sorter.inside(case))
@@ -280,13 +290,25 @@ def map_property(prop, impl, device, run_example: Callable, max_examples: int, r
                        note=note or None)
 
 
-def _carried(prop, impl, device, known: known_cells.KnownCell) -> Cell:
-    """A known cell of the baseline this run fails in: the baseline's condition (so its id), this
-    run's failing example as its replay file."""
+def _carried(prop, impl, device, known: known_cells.KnownCell, strategy, run_example: Callable,
+             on_step: Callable[[str], None]) -> Cell:
+    """A known cell this run fails in: its condition (so its id), this run's failing example as its
+    replay file. A baseline's cell keeps the baseline's rate; a cell found for another property of
+    this run gets its failure rate measured in this property (``diagnosis.measure``)."""
     entry = known.entry
     failure = dict(recording.failure_record(prop, impl, device, known.case, known.error),
                    cell=entry["condition"].get("features") or {}, trigger=entry["condition"]["text"])
-    return _saved_cell(prop, failure, known_cells.diagnosis_of(entry), known_cells.SOURCE)
+    diagnosis = known_cells.diagnosis_of(entry)
+    if entry.get("found_by") is None:
+        return _saved_cell(prop, failure, diagnosis, known_cells.SOURCE)
+    if diagnosis is not None:
+        on_step(f"{entry['condition']['text']}: found for {entry['found_by']}, measuring its failure rate here")
+        diagnosis["rate"], diagnosis["pair"] = diagnosing.measure(prop, impl, strategy, run_example,
+                                                                  diagnosis["condition"], known.case)
+        diagnosis["pair"] = None  # the pair walk's file belongs to the property that found the cell
+    cell = _saved_cell(prop, failure, diagnosis, known_cells.CARRIED)
+    cell.found_by = entry["found_by"]
+    return cell
 
 
 def _known_failures(prop, impl, device, run_example, strategy, known, cells, examples) -> str:
