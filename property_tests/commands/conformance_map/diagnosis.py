@@ -140,6 +140,7 @@ class Diagnosis:
     rate: list[int] | None = None  # [failing, tried] among random cases inside the cell
     pair: dict | None = None  # a partial cell: {"field", "failing", "passing"}: one field apart
     refined_from: list[int] | None = None  # the rate before relations splitting its cases narrowed the cell
+    necessity: list[dict] | None = None  # per conjunct checked: {conjunct, inside, outside, verdict} (necessity.py)
 
     @classmethod
     def from_dict(cls, data: dict) -> "Diagnosis":
@@ -149,13 +150,17 @@ class Diagnosis:
 
     def describe(self) -> str:
         parts = []
-        for kind, name, value in sorted(self.condition, key=lambda c: c[1] in PRECONDITIONS and c[2] == "yes"):
+        unshown = [entry["conjunct"] for entry in self.necessity or () if entry["verdict"] == "unconfirmed"]
+        for conjunct in sorted(self.condition, key=lambda c: c[1] in PRECONDITIONS and c[2] == "yes"):
+            kind, name, value = conjunct
             if kind == "relation":
                 parts.append(f"{name}: {value}")
             elif kind == "field-not":
                 parts.append(f"{name} not {' or '.join(value)}")
             else:
                 parts.append(f"{name} {' or '.join(value)}")
+            if conjunct in unshown:
+                parts[-1] += " (not shown needed)"
         return "; ".join(parts) or "(any case)"
 
     def rate_text(self) -> str:

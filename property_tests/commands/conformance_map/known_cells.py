@@ -156,5 +156,6 @@ def diagnosis_of(entry: dict) -> dict | None:
         return None
     return {"fields": entry.get("fields") or [], "relations": entry.get("relations") or {},
             "condition": entry["condition"]["data"], "tried": 0, "dropped": 0, "rate": entry.get("rate"),
-            "pair": entry.get("pair"), "refined_from": None}
+            "pair": entry.get("pair"), "refined_from": None,
+            "necessity": entry.get("necessity")}
 

@@ -12,6 +12,8 @@ inside it, and the cell narrowed or pruned by what those cases show.
   it also fails fully without: a relation that splits nothing is a coincidence of the cases the
   diagnosis tried (a second key head off 16 bytes where the key heads are the trigger), not the
   trigger.
+* Then every conjunct left is shown necessary on cases outside it, or dropped, or marked
+  unconfirmed (``necessity.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Callable
 from mla_fuse_conformance.cases import fields as case_fields
 from mla_fuse_conformance.commands.conformance_map.diagnosis import (DATA_FIELDS, VECTOR_HALVES, Diagnosis, _base, measure,
                                                      relations_of)
+from mla_fuse_conformance.commands.conformance_map.necessity import check_conjuncts
 
 ADDRESS_RELATIONS = ("-byte aligned", "half >= ")  # diagnosis.alignment_relations: what vector accesses need
 
@@ -61,6 +64,7 @@ def measure_and_refine(prop, impl, strategy, run_example: Callable, diagnosis: D
         _narrow_by_pair(prop, impl, strategy, run_example, diagnosis, failing_case)
     if diagnosis.rate[0] == diagnosis.rate[1]:
         _drop_relations_that_split_nothing(prop, impl, strategy, run_example, diagnosis, failing_case)
+    check_conjuncts(prop, impl, strategy, run_example, diagnosis, failing_case)
 
 
 def _narrow_by_relations(prop, impl, strategy, run_example, diagnosis: Diagnosis, failing_case, members) -> bool:

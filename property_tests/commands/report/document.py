@@ -67,6 +67,7 @@ def cells(maps: list) -> list[dict]:
                 "status": None if not rate or not rate[1] else "full" if rate[0] == rate[1] else "partial",
                 "pair": pair and {key: pair.get(key) for key in ("field", "passing", "failing", "file")},
                 "fields": diagnosis.get("fields"), "relations": diagnosis.get("relations"),
+                "necessity": diagnosis.get("necessity"),
                 "source": cell.source, "found_by": cell.found_by, "replay": replay(cell.file)})
     return found
 
