@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, Verbosity, given, reject, settings
 from hypothesis.errors import FlakyFailure, Unsatisfiable, UnsatisfiedAssumption
 
 from mla_fuse_conformance.settings import profiles
-from mla_fuse_conformance.running import recording
+from mla_fuse_conformance.running import failure_text, recording
 from mla_fuse_conformance.cases import tensors
 from mla_fuse_conformance.cases import types as case_types
 from mla_fuse_conformance.cases.types import BadInputCase
@@ -49,7 +49,8 @@ SOURCE_NOTES = {"test run": " (from the test run's failing example, not shrunk)"
 
 @dataclasses.dataclass
 class Cell:
-    """Feature values a failure needs, and how it failed (``file``: its replay file)."""
+    """Feature values a failure needs, and how it failed (``file``: its replay file; ``error``: the
+    headline and the worst elements, ``failure_text.excerpt``; ``worst``: those elements as data)."""
 
     features: dict[str, str]
     kind: str
@@ -58,6 +59,7 @@ class Cell:
     diagnosis: dict | None = None  # diagnosis.Diagnosis as a dict: the trigger in the case's own fields
     source: str = "shrunk"  # "shrunk" (hypothesis' shrunk case), "test run" (the property test's example) or
     # "baseline" (a known cell of --baseline, confirmed by this run's example: its condition and rate the baseline's)
+    worst: list[dict] | None = None  # comparisons.Outcome.worst of its failure (a wrong result), else None
 
     def title(self) -> str:
         if self.diagnosis is None:
@@ -108,6 +110,8 @@ class PropertyMap:
                     out.append(f"          replay: {recording.replay_command(pathlib.Path(pair['file']))}")
                 axes = " | ".join(dict.fromkeys(describe(c.features) for c in group))
                 out.append(f"          feature axes: {axes}")
+            out += [f"          {'worst:' if not index else '      '} {line[:300]}"
+                    for index, line in enumerate(failure_text.worst_lines(cell.error))]
             for c in group:
                 out.append(f"          replay: {recording.replay_command(pathlib.Path(c.file))}")
         failing_values = {(axis, value) for cell in self.cells for axis, value in cell.features.items()}
@@ -218,8 +222,8 @@ def _cell(prop, impl, device, run_example: Callable, strategy, case, error, sour
 def _saved_cell(prop, failure: dict, diagnosis: dict | None, source: str) -> Cell:
     """``failure`` (a failure record with its ``cell``) saved for replay, and the Cell pointing to its file."""
     path = recording.save_failure(failure, f"map:{prop.name}", profiles.full_name("ci"))
-    error = failure["error"].splitlines()[0][:300] if failure["error"] else ""
-    return Cell(failure["cell"], failure["kind"], error, str(path), diagnosis, source)
+    return Cell(failure["cell"], failure["kind"], failure_text.excerpt(failure["error"]), str(path), diagnosis, source,
+                failure.get("worst"))
 
 
 def _pair_file(prop, impl, device, run_example: Callable, pair: dict) -> str | None:
