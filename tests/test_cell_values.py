@@ -65,7 +65,8 @@ def test_the_page_the_summary_and_the_console_show_the_decoded_values(planted_ce
     detail = page.find("section", data_cell_id=found["cells"][0]["id"])
     assert WRONG in detail.find("pre", class_="error").content()
     rows = [[td.content() for td in row.find_all("td")] for row in detail.find_all("tr")]
-    assert any(row[2:4] == ["-240.0 (code 0xf7 = 247)", "-448.0 (code 0xfe = 254)"] for row in rows if len(row) == 5), rows
+    decoded = ["-240.0 (code 0xf7 = 247)", "-448.0 (code 0xfe = 254)"]  # got, expected
+    assert any(row[2:4] == decoded for row in rows if len(row) == 5), rows
     summary = report_markdown.write(tmp_path).read_text()
     block = summary.partition("```text\n")[2].partition("```")[0]
     assert WRONG in block, summary

@@ -85,7 +85,8 @@ def errors(found: list[dict]) -> list[str]:
             continue
         fence = "`" * max(3, 1 + max((len(run) for run in "".join(c if c == "`" else " " for c in error).split()),
                                      default=0))
-        lines += [f"Cell {index + 1}, {cell((entry.get('condition') or {}).get('text'))} ({cell(entry.get('kind'))}):", "",
+        title = f"{cell((entry.get('condition') or {}).get('text'))} ({cell(entry.get('kind'))})"
+        lines += [f"Cell {index + 1}, {title}:", "",
                   fence + "text", *shown, fence, ""]
     if len(found) > MAX_ERRORS and lines:
         lines += [f"... the errors of {len(found) - MAX_ERRORS} more cells: see report.html", ""]

@@ -53,8 +53,9 @@ BOUNDS = """exact, bound = ({name: torch.full(w.shape, fill, dtype=torch.float64
 """
 
 FP8_IMAGE = """fp8 = {name: torch.zeros(w.shape, dtype=torch.bool) for name, w in want.items()}  # where want holds fp8 codes
-shown = lambda image, name, i: (f"code {(c := image.view(torch.uint8)[i:i + 1]).item()} ({c.view(FP8[0]).float().item()!r})"
-                                if fp8[name][i] else repr(image[i].item()))  # noqa: E731 - fp8: its code and value
+shown = lambda image, name, i: (  # noqa: E731 - an fp8 element as its code and value, another as its value
+    f"code {(c := image.view(torch.uint8)[i:i + 1]).item()} ({c.view(FP8[0]).float().item()!r})" if fp8[name][i]
+    else repr(image[i].item()))
 """
 
 ROTATE = """
