@@ -32,7 +32,8 @@ When the suite is in use it
 * provides the suite's fixtures, ``mla_fuse`` (the requesting test's ``harness.PropertyRun``),
   ``mla_fuse_impl`` (the implementation under test; the properties draw within its declared
   capabilities) and ``mla_fuse_device``, and writes the failure file of a failing property (the
-  hooks act only on examples the suite ran).
+  hooks act only on examples the suite ran): the case hypothesis reported, not the last example
+  that failed (``running/failure_text.py``).
 
 The suite has no conftest.py: pytest does not load one from a package outside the rootdir (as
 an installed suite run with ``--pyargs`` from the user's directory is), a plugin always loads.
@@ -328,16 +329,21 @@ def pytest_runtest_makereport(item, call):
     if recorder is None or recorder.stats is None:
         return  # not an example of the suite
 
-    failure_file = None
+    failure_file = failure = None
     if report.failed and recorder.last_failure is not None:
+        from mla_fuse_conformance.running import failure_text
+
+        # the case hypothesis reported (its first, where it reported several), not the last that failed
+        found = failure_text.reported(call.excinfo.value if call.excinfo is not None else None)
+        failure = dict(found[0], reported_failures=len(found)) if found else recorder.last_failure
         if call.excinfo is not None and call.excinfo.typename in ("FlakyFailure", "Flaky"):  # not a plain failure
-            recorder.last_failure = dict(recorder.last_failure, kind=f"did not reproduce: "
-                                         f"{recorder.last_failure.get('kind')} once, passed when hypothesis ran it again")
+            failure = dict(failure, kind=f"did not reproduce: {failure.get('kind')} once, passed when hypothesis "
+                                         "ran it again")
         profile = settings.get_current_profile_name()
-        failure_file = recording.save_failure(recorder.last_failure, item.nodeid, profile)
+        failure_file = recording.save_failure(failure, item.nodeid, profile)
         report.sections.append(("mla_fuse: reproduce this failure",
-                                recording.describe_failure(recorder.last_failure, failure_file, item.nodeid, profile)))
+                                recording.describe_failure(failure, failure_file, item.nodeid, profile)))
     # read by SessionReport.pytest_runtest_logreport (on the xdist controller too)
     report.user_properties.append(("mla_fuse_metrics", recorder.stats.as_record(report.outcome)))
     if failure_file is not None:
-        report.user_properties.append(("mla_fuse_failure", dict(recorder.last_failure, file=str(failure_file))))
+        report.user_properties.append(("mla_fuse_failure", dict(failure, file=str(failure_file))))

@@ -22,7 +22,8 @@ from mla_fuse_conformance.cases.types import PositionSpec, RopeCase, TableSpec
 from mla_fuse_conformance.running.executor import Crashed, Executor, Hung, RaisedInChild
 from mla_fuse_conformance.running.harness import property_named
 from mla_fuse_conformance.contract.implementation import load_implementation
-from mla_fuse_conformance.commands.conformance_map.property_map import check_limit, map_property
+from mla_fuse_conformance.commands.conformance_map.limits import check_limit
+from mla_fuse_conformance.commands.conformance_map.property_map import map_property
 
 ROPE_PROPERTY = "test_rotary_embedding:test_rotary_embedding_matches_reference"
 ADAPTERS = '''

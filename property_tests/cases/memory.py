@@ -80,12 +80,19 @@ class Buffer:
         """For each element of the view, its index in the flat buffer (CPU int64)."""
         return self.view(view_name, torch.arange(self.flat.numel()))
 
-    def locate(self, flat_index: int) -> str:
-        """Which view element a flat index is, for messages."""
+    def position(self, flat_index: int) -> tuple[str, list[int]] | None:
+        """``(view, index)`` of the first view holding flat element ``flat_index``, or None (sentinel memory)."""
         for view_name in self.views:
             hits = (self.index_map(view_name) == flat_index).nonzero()
             if hits.numel():
-                return f"{view_name}[{', '.join(str(int(i)) for i in hits[0])}]"
+                return view_name, [int(i) for i in hits[0]]
+        return None
+
+    def locate(self, flat_index: int) -> str:
+        """Which view element a flat index is, for messages."""
+        found = self.position(flat_index)
+        if found is not None:
+            return f"{found[0]}[{', '.join(map(str, found[1]))}]"
         return f"{self.name} storage element {flat_index} (outside every view: sentinel memory)"
 
 

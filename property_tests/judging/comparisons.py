@@ -16,12 +16,16 @@
 * Everything else, the sentinel memory around every view included: bit for bit.
 
 Assertion messages name the worst element (the view and index it is), the values, the
-bound and how many elements fail.
+bound and how many elements fail; an fp8 element as its decoded value and its code, in hex and
+decimal (``-240 (code 0xf7 = 247)``), as a reproducer prints it. The same worst elements travel
+as data on the AssertionError (``mla_fuse_record["worst"]``, see ``Outcome.worst``) into the
+failure file and report.json.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 
@@ -156,6 +160,9 @@ class Outcome:
     rotated_elements: int = 0
     fp8_codes: int = 0
     failures: list[str] = dataclasses.field(default_factory=list)
+    # per failed check its worst element: {check, argument, index, got, expected, got_code, expected_code,
+    # failing, of} (values decoded, NaN and infinities as text; codes: fp8 codes as integers, else None)
+    worst: list[dict] = dataclasses.field(default_factory=list)
 
 
 # ---------------------------------------------------------------- checks
@@ -163,6 +170,29 @@ class Outcome:
 
 def _worst(description: str, buffer: memory.Buffer, flat_index: int, count: int, total: int, detail: str) -> str:
     return (f"{description}: {count} of {total} elements fail; worst at {buffer.locate(flat_index)}: {detail}")
+
+
+def _number(value) -> float | str:
+    """A JSON-safe number: NaN and infinities as text."""
+    value = float(value)
+    return value if math.isfinite(value) else repr(value)
+
+
+def fp8_text(code: int, fmt: str) -> str:
+    """An fp8 code as the messages show it: its value, then the code in hex and decimal."""
+    value = ref_fp8.decode(torch.tensor([code], dtype=torch.uint8), fmt).item()
+    return f"{value:.6g} (code 0x{code:02x} = {code})"
+
+
+def _fail(outcome: Outcome, description: str, buffer: memory.Buffer, flat_index: int, count: int, total: int,
+          detail: str, got, expected, codes: tuple[int, int] | None = None) -> None:
+    """One failed check: its message line and its worst element as data (``Outcome.worst``)."""
+    outcome.failures.append(_worst(description, buffer, flat_index, count, total, detail))
+    found = buffer.position(flat_index)
+    argument, index = found if found is not None else (f"{buffer.name} storage", [flat_index])
+    outcome.worst.append({"check": description, "argument": argument, "index": index, "got": _number(got),
+                          "expected": _number(expected), "got_code": codes and codes[0],
+                          "expected_code": codes and codes[1], "failing": count, "of": total})
 
 
 def check_bitwise(buffers: dict[str, memory.Buffer], after: dict[str, torch.Tensor],
@@ -181,12 +211,11 @@ def check_bitwise(buffers: dict[str, memory.Buffer], after: dict[str, torch.Tens
             where = differs.nonzero().flatten()
             first = int(where[0])
             width = 2 * after[name].element_size()
-            outcome.failures.append(_worst(
-                f"bits changed that must not (sentinel, pass-through or cache data) in buffer '{name}'",
-                buffers[name], first, where.numel(), differs.numel(),
-                f"expected 0x{int(expected_bits[first]) & (2 ** (4 * width) - 1):0{width}x} "
-                f"({float(expected[first]):.6g}), got 0x{int(actual_bits[first]) & (2 ** (4 * width) - 1):0{width}x} "
-                f"({float(after[name][first]):.6g})"))
+            _fail(outcome, f"bits changed that must not (sentinel, pass-through or cache data) in buffer '{name}'",
+                  buffers[name], first, where.numel(), differs.numel(),
+                  f"expected 0x{int(expected_bits[first]) & (2 ** (4 * width) - 1):0{width}x} "
+                  f"({float(expected[first]):.6g}), got 0x{int(actual_bits[first]) & (2 ** (4 * width) - 1):0{width}x} "
+                  f"({float(after[name][first]):.6g})", after[name][first], expected[first])
 
 
 def check_rope(buffers, after, region: RopeRegion, outcome: Outcome) -> None:
@@ -208,11 +237,10 @@ def check_rope(buffers, after, region: RopeRegion, outcome: Outcome) -> None:
         excess = torch.where(bad, torch.nan_to_num((error - bound) / bound, nan=-0.5, posinf=1e300), -1.0)
         worst = int(excess.argmax())
         ulps = (error[worst] / ulp(exact[worst:worst + 1], region.dtype)[0]).item()
-        outcome.failures.append(_worst(
-            f"rotated values outside the CONTRACT §5 bound ({region.label})", buffers[region.buffer],
-            int(region.index[worst]), int(bad.sum()), bad.numel(),
-            f"impl {actual[worst].item():.9g}, exact {exact[worst].item():.9g}, |diff| {error[worst].item():.3g} > "
-            f"bound {bound[worst].item():.3g} ({ulps:.3g} ulp)"))
+        _fail(outcome, f"rotated values outside the CONTRACT §5 bound ({region.label})", buffers[region.buffer],
+              int(region.index[worst]), int(bad.sum()), bad.numel(),
+              f"impl {actual[worst].item():.9g}, exact {exact[worst].item():.9g}, |diff| {error[worst].item():.3g} > "
+              f"bound {bound[worst].item():.3g} ({ulps:.3g} ulp)", actual[worst], exact[worst])
 
 
 def check_fp8(buffers, after, region: Fp8Region, outcome: Outcome) -> None:
@@ -236,13 +264,14 @@ def check_fp8(buffers, after, region: Fp8Region, outcome: Outcome) -> None:
     if bad.any():
         worst = int(torch.where(bad, diff + 1000 * (ref_nan != actual_nan), -1).argmax())
         exact_allowed = bool(o_low[worst] == o_high[worst])
-        outcome.failures.append(_worst(
-            f"fp8 codes wrong ({region.label}, {fmt})", buffers[region.buffer], int(region.index[worst]),
-            int(bad.sum()), bad.numel(),
-            f"impl code 0x{int(actual[worst]):02x} ({ref_fp8.decode(actual[worst:worst + 1], fmt).item():.6g}), "
-            f"reference 0x{int(ref[worst]):02x} ({ref_fp8.decode(ref[worst:worst + 1], fmt).item():.6g}); "
-            + ("this code must be exact" if exact_allowed else
-               f"allowed 0x{int(low[worst]):02x}..0x{int(high[worst]):02x}")))
+        got, expected = int(actual[worst]), int(ref[worst])
+        _fail(outcome, f"fp8 codes wrong ({region.label}, {fmt})", buffers[region.buffer], int(region.index[worst]),
+              int(bad.sum()), bad.numel(),
+              f"impl {fp8_text(got, fmt)}, reference {fp8_text(expected, fmt)}; "
+              + ("this code must be exact" if exact_allowed else
+                 f"allowed {fp8_text(int(low[worst]), fmt)} .. {fp8_text(int(high[worst]), fmt)}"),
+              ref_fp8.decode(actual[worst:worst + 1], fmt).item(), ref_fp8.decode(ref[worst:worst + 1], fmt).item(),
+              (got, expected))
 
 
 def check_stored(buffers, after, stored: StoredCopy, outcome: Outcome) -> None:
@@ -258,11 +287,20 @@ def check_stored(buffers, after, stored: StoredCopy, outcome: Outcome) -> None:
         bad = (cache != expected) & ~both_nan
     if bad.any():
         worst = int(bad.to(torch.int8).argmax())
-        outcome.failures.append(_worst(
-            f"cache does not hold the value written back ({stored.label})", buffers[stored.cache_buffer],
-            int(stored.cache_index[worst]), int(bad.sum()), bad.numel(),
-            f"cache bits 0x{int(cache[worst]) & 0xFFFFFFFF:x}, written-back value {float(source[worst]):.9g} "
-            f"-> expected bits 0x{int(expected[worst]) & 0xFFFFFFFF:x}"))
+        description = f"cache does not hold the value written back ({stored.label})"
+        where = (buffers[stored.cache_buffer], int(stored.cache_index[worst]), int(bad.sum()), bad.numel())
+        if stored.fmt is None:
+            _fail(outcome, description, *where,
+                  f"cache bits 0x{int(cache[worst]) & 0xFFFFFFFF:x}, written-back value {float(source[worst]):.9g} "
+                  f"-> expected bits 0x{int(expected[worst]) & 0xFFFFFFFF:x}",
+                  after[stored.cache_buffer][stored.cache_index[worst]], source[worst])
+        else:
+            got, want = int(cache[worst]), int(expected[worst])
+            _fail(outcome, description, *where,
+                  f"cache {fp8_text(got, stored.fmt)}, written-back value {float(source[worst]):.9g} "
+                  f"-> expected {fp8_text(want, stored.fmt)}",
+                  ref_fp8.decode(cache[worst:worst + 1], stored.fmt).item(),
+                  ref_fp8.decode(expected[worst:worst + 1], stored.fmt).item(), (got, want))
 
 
 def compare(buffers: dict[str, memory.Buffer], after: dict[str, torch.Tensor], expectation: Expectation) -> Outcome:
@@ -281,8 +319,10 @@ def compare(buffers: dict[str, memory.Buffer], after: dict[str, torch.Tensor], e
 
 def raise_failures(outcome: Outcome) -> Outcome:
     if outcome.failures:
-        raise AssertionError("\n".join(["implementation differs from the reference (CONTRACT §5):",
-                                        *("  - " + failure for failure in outcome.failures)]))
+        error = AssertionError("\n".join(["implementation differs from the reference (CONTRACT §5):",
+                                          *("  - " + failure for failure in outcome.failures)]))
+        error.mla_fuse_record = {"worst": outcome.worst}  # into the failure file (recording.failure_record)
+        raise error
     return outcome
 
 

@@ -209,7 +209,12 @@ class Recorder:
                 leftover.unlink(missing_ok=True)
 
     def failed(self, prop, impl, device, case, error: BaseException) -> None:
+        """Keep the failure record of ``case``, and tie it to ``error``: the example hypothesis reports is
+        found from its exception (``failure_text.reported``), not taken to be the last one that failed."""
+        from mla_fuse_conformance.running import failure_text
+
         self.last_failure = failure_record(prop, impl, device, case, error)
+        failure_text.attach(error, self.last_failure)
 
     @staticmethod
     def record(prop, impl, device, case) -> dict:
@@ -345,15 +350,20 @@ def database_prefix(profile: str) -> str:
 
 
 def describe_failure(failure: dict, path: pathlib.Path, nodeid: str, profile: str) -> str:
-    """The text shown under a failing property: what failed, seed, shrunk case, and how to replay it."""
+    """The text shown under a failing property: what failed, seed, the one case (``failure_text.case_note``:
+    which it is), the worst elements of a wrong result, and how to replay it."""
     from mla_fuse_conformance.cases.features import describe
+    from mla_fuse_conformance.running import failure_text
 
     case = case_types.from_jsonable(failure["case"])
     seed = case.base.seed if isinstance(case, case_types.BadInputCase) else case.seed
+    worst = failure_text.worst_lines(failure.get("error"))
     return "\n".join([
         f"implementation: {failure['impl']}   device: {failure['device']}   case seed: {seed}",
         f"failure:        {failure.get('kind', 'failed')} on {describe(failure.get('features', {}))}",
-        f"shrunk case:    {case!r}",
+        *(f"{'worst:' if not index else '':16}{line}" for index, line in enumerate(worst)),
+        f"case:           {case!r}",
+        *(f"{'':16}{line}" for line in failure_text.case_note(failure)),
         f"saved to:       {pathlib.Path(path).absolute()}",
         f"replay exactly: {replay_command(path)}",
         f"or with pytest: {pytest_command(failure, nodeid, profile)}",

@@ -1,4 +1,4 @@
-"""The conformance map of a failing property, and the check that declared limits are real.
+"""The conformance map of a failing property (the declared limits' check: ``limits.py``).
 
 A failing property says little by itself ("rotary_embedding: FAIL"). The map says which feature
 values fail and which pass, each failing cell with its own replay file:
@@ -10,10 +10,6 @@ values fail and which pass, each failing cell with its own replay file:
    conjunction, e.g. ``query rank 3, heads >1``; it gets a failure file.
 3. Search again with every case inside a known cell rejected, until a search passes (or
    ``rounds`` cells were found). The passing examples' feature values are the rest of the map.
-
-Limit checks run a few examples just outside one declared limit (that axis pinned to a value the
-implementation says it does not support, everything else inside): a failure confirms the limit,
-passes are noted ("declared unsupported, but handled").
 
 Every example runs in an ``executor.Executor`` child, so a crash is a failure of its cell (and is
 shrunk like one) instead of the end of the run.
@@ -30,12 +26,10 @@ from hypothesis import HealthCheck, Verbosity, given, reject, settings
 from hypothesis.errors import FlakyFailure, Unsatisfiable, UnsatisfiedAssumption
 
 from mla_fuse_conformance.settings import profiles
-from mla_fuse_conformance.running import recording
-from mla_fuse_conformance.cases import tensors
+from mla_fuse_conformance.running import failure_text, recording
 from mla_fuse_conformance.cases import types as case_types
 from mla_fuse_conformance.cases.types import BadInputCase
-from mla_fuse_conformance.declarations.operations import CACHING_OPERATIONS
-from mla_fuse_conformance.running.executor import ChildNotProvided, Crashed, RaisedInChild
+from mla_fuse_conformance.running.executor import ChildNotProvided
 from mla_fuse_conformance.cases.features import AXIS, axes_for, describe, features
 from mla_fuse_conformance.commands.conformance_map import diagnosis as diagnosing
 from mla_fuse_conformance.commands.conformance_map import known_cells
@@ -51,7 +45,8 @@ SOURCE_NOTES = {"test run": " (from the test run's failing example, not shrunk)"
 
 @dataclasses.dataclass
 class Cell:
-    """Feature values a failure needs, and how it failed (``file``: its replay file)."""
+    """Feature values a failure needs, and how it failed (``file``: its replay file; ``error``: the
+    headline and the worst elements, ``failure_text.excerpt``; ``worst``: those elements as data)."""
 
     features: dict[str, str]
     kind: str
@@ -61,6 +56,7 @@ class Cell:
     source: str = "shrunk"  # "shrunk" (hypothesis' shrunk case), "test run" (the property test's example),
     # "baseline" (a known cell of --baseline, confirmed by this run's example: its condition and rate the baseline's)
     # or "another property" (a cell this run found for ``found_by``, confirmed in this property: one defect, one map)
+    worst: list[dict] | None = None  # comparisons.Outcome.worst of its failure (a wrong result), else None
     found_by: str | None = None
 
     def title(self) -> str:
@@ -112,6 +108,8 @@ class PropertyMap:
                     out.append(f"          replay: {recording.replay_command(pathlib.Path(pair['file']))}")
                 axes = " | ".join(dict.fromkeys(describe(c.features) for c in group))
                 out.append(f"          feature axes: {axes}")
+            out += [f"          {'worst:' if not index else '      '} {line[:300]}"
+                    for index, line in enumerate(failure_text.worst_lines(cell.error))]
             for c in group:
                 out.append(f"          replay: {recording.replay_command(pathlib.Path(c.file))}")
         failing_values = {(axis, value) for cell in self.cells for axis, value in cell.features.items()}
@@ -222,8 +220,8 @@ def _cell(prop, impl, device, run_example: Callable, strategy, case, error, sour
 def _saved_cell(prop, failure: dict, diagnosis: dict | None, source: str) -> Cell:
     """``failure`` (a failure record with its ``cell``) saved for replay, and the Cell pointing to its file."""
     path = recording.save_failure(failure, f"map:{prop.name}", profiles.full_name("ci"))
-    error = failure["error"].splitlines()[0][:300] if failure["error"] else ""
-    return Cell(failure["cell"], failure["kind"], error, str(path), diagnosis, source)
+    return Cell(failure["cell"], failure["kind"], failure_text.excerpt(failure["error"]), str(path), diagnosis, source,
+                failure.get("worst"))
 
 
 def _pair_file(prop, impl, device, run_example: Callable, pair: dict) -> str | None:
@@ -332,53 +330,3 @@ def _known_failures(prop, impl, device, run_example, strategy, known, cells, exa
                 "more than the case (the process's state, timing, an earlier example's writes)")
     return (f"the map's search met no failure in {examples} examples and the test run left no failing "
             "example to rerun (see the failures above)")
-
-
-@dataclasses.dataclass
-class LimitCheck:
-    operation: str
-    axis: str
-    value: str
-    outcome: str  # "confirmed" (fails outside the limit) / "handled" (passes) / "not reached"
-    detail: str
-    examples: int
-
-
-def reaches(case, operation: str) -> bool:
-    """Whether ``case`` runs ``operation``'s work at all: a row to rotate or copy (``tokens > 0``) and,
-    for an operation that writes a cache, an entry written (a slot >= 0). A limit on the cache's
-    dtype or storage, say, is met only by a case that stores something."""
-    case = _base(case)
-    if case.tokens <= 0:
-        return False
-    if operation not in CACHING_OPERATIONS:
-        return True
-    slots = tensors.build(case, "cpu").args["slot_mapping"]
-    return bool((slots >= 0).any())
-
-
-def check_limit(prop, impl, run_example: Callable, operation: str, axis: str, value: str,
-                max_examples: int = 5) -> LimitCheck:
-    """Run ``prop`` just outside one declared limit of ``operation`` (``axis`` pinned to ``value``).
-
-    "handled" only from passing cases that reached the limited path (``reaches``): a case that
-    writes no entry passes whatever the kernel does with an fp8 store it never makes."""
-    strategy = prop.strategy_for(impl, capabilities=impl.caps(operation).only(axis, value))
-    reached = []
-
-    def run_counted(case):
-        run_example(case)
-        reached.append(reaches(case, operation))
-
-    case, error, passed = search(prop, strategy, run_counted, [], max_examples, shrink=False)
-    if case is not None:
-        message = str(error).strip().splitlines()
-        return LimitCheck(operation, axis, value, "confirmed", f"{recording.failure_kind(error)}"
-                          + (f": {message[-1][:200]}" if message else ""), len(passed) + 1)
-    if not passed:
-        return LimitCheck(operation, axis, value, "not reached", "no case with this value could be drawn", 0)
-    if not any(reached):
-        return LimitCheck(operation, axis, value, "not reached",
-                          f"{len(passed)} examples passed, none of them wrote an entry or rotated a row", 0)
-    return LimitCheck(operation, axis, value, "handled", f"{sum(reached)} examples that reached it passed",
-                      sum(reached))

@@ -59,7 +59,8 @@ def cell_detail(report: dict, cell: dict, index: int) -> str:
     features = ", ".join(f"{axis} {value}" for axis, value in (condition.get("features") or {}).items())
     rows = [("id", text(cell.get("id"))), ("property", text(cell.get("property"))),
             ("condition", text(condition.get("text"))), ("feature values", text(features or "(any case)")),
-            ("kind", text(cell.get("kind"))), ("error", f'<pre>{text(cell.get("error"))}</pre>'),
+            ("kind", text(cell.get("kind"))), ("error", f'<pre class="error">{text(cell.get("error"))}</pre>'),
+            ("worst elements", worst(cell.get("worst"))),
             ("fails", f"{text(rate_text(cell.get('rate')))} random cases inside it"
                       + (f" ({text(cell.get('status'))})" if cell.get("status") else "")),
             ("pair one field apart", pair(cell.get("pair"))), ("source", text(cell.get("source"))),
@@ -71,6 +72,22 @@ def cell_detail(report: dict, cell: dict, index: int) -> str:
     return (f'<section class="cell" id="cell-{index}" data-cell-id="{text(cell.get("id"))}">'
             f'<h3>{index + 1}. {text(cell.get("property"))}: {text(condition.get("text"))}</h3>'
             f"{body}{fields(cell)}</section>")
+
+
+def element(value, code) -> str:
+    """A value as the comparison saw it: an fp8 code with its value (``-240 (code 0xf7 = 247)``)."""
+    return f"{value} (code 0x{code:02x} = {code})" if isinstance(code, int) else str(value)
+
+
+def worst(found: list | None) -> str:
+    """The worst element of each failed check (report.json ``cells[].worst``): got against expected, decoded."""
+    if not found:
+        return ""
+    rows = [[text(entry.get("check")), text(f"{entry.get('argument')}{entry.get('index')}"),
+             text(element(entry.get("got"), entry.get("got_code"))),
+             text(element(entry.get("expected"), entry.get("expected_code"))),
+             text(f"{entry.get('failing')} of {entry.get('of')}")] for entry in found]
+    return table(["check", "element", "got", "expected", "failing elements"], rows)
 
 
 def pair(found: dict | None) -> str:

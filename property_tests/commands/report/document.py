@@ -63,7 +63,7 @@ def cells(maps: list) -> list[dict]:
                 "id": cell_id(property_map.property, cell.kind, cell.title()),
                 "property": property_map.property, "operations": list(property_map.operations),
                 "condition": {"text": cell.title(), "data": diagnosis.get("condition"), "features": cell.features},
-                "kind": cell.kind, "error": cell.error, "rate": rate,
+                "kind": cell.kind, "error": cell.error, "worst": cell.worst, "rate": rate,
                 "status": None if not rate or not rate[1] else "full" if rate[0] == rate[1] else "partial",
                 "pair": pair and {key: pair.get(key) for key in ("field", "passing", "failing", "file")},
                 "fields": diagnosis.get("fields"), "relations": diagnosis.get("relations"),

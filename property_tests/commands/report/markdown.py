@@ -1,6 +1,7 @@
 """``summary.md``: a report directory's ``report.json`` as a short GitHub-flavoured Markdown
 summary, fit for ``$GITHUB_STEP_SUMMARY``: the verdict, what ran, one row per operation, the
-failing cells with their rates and replay commands, the deployments counted, and what is new
+failing cells with their rates and replay commands, then what the first cells got wrong (the
+worst elements, decoded: ``-240 (code 0xf7 = 247)``), the deployments counted, and what is new
 against a baseline. A long list is cut to ``MAX_ROWS`` rows with a pointer to ``report.html``,
 so a big report stays near 60 lines.
 """
@@ -13,9 +14,11 @@ import pathlib
 from mla_fuse_conformance.commands.report import sources as report_sources
 from mla_fuse_conformance.commands.report.cells import baseline_mark, rate_text
 from mla_fuse_conformance.declarations.operations import OPERATIONS
+from mla_fuse_conformance.running.failure_text import worst_lines
 
 SUMMARY_FILE = "summary.md"
 MAX_ROWS = 12
+MAX_ERRORS, ERROR_LINES = 3, 3  # the cells whose error is shown, and its lines each
 
 
 def cell(value) -> str:
@@ -68,7 +71,26 @@ def cells(report: dict) -> list[str]:
               rate_text(entry.get("rate")), *([baseline_mark(report, entry)] if marks else []),
               code((entry.get("replay") or {}).get("command"))] for entry in found]
     headers = ["operations", "failing cell", "kind", "fails", *(["baseline"] if marks else []), "replay"]
-    return [f"### Failing cells ({len(found)})", "", *rows(headers, table, len(table)), ""]
+    return [f"### Failing cells ({len(found)})", "", *rows(headers, table, len(table)), "", *errors(found)]
+
+
+def errors(found: list[dict]) -> list[str]:
+    """What the first ``MAX_ERRORS`` cells got wrong: the worst element of each failed check (else the
+    error's first lines), in a fenced block, so nothing in it is read as Markdown."""
+    lines = []
+    for index, entry in enumerate(found[:MAX_ERRORS]):
+        error = entry.get("error") or ""
+        shown = worst_lines(error, ERROR_LINES) or error.strip().splitlines()[:ERROR_LINES]
+        if not shown:
+            continue
+        fence = "`" * max(3, 1 + max((len(run) for run in "".join(c if c == "`" else " " for c in error).split()),
+                                     default=0))
+        title = f"{cell((entry.get('condition') or {}).get('text'))} ({cell(entry.get('kind'))})"
+        lines += [f"Cell {index + 1}, {title}:", "",
+                  fence + "text", *shown, fence, ""]
+    if len(found) > MAX_ERRORS and lines:
+        lines += [f"... the errors of {len(found) - MAX_ERRORS} more cells: see report.html", ""]
+    return lines
 
 
 def failures(report: dict) -> list[str]:

@@ -65,7 +65,8 @@ def schema1_cells(maps: list[dict]) -> list[dict]:
     for entry in maps:
         for cell in entry.get("cells") or []:
             known = Cell(cell.get("features") or {}, cell.get("kind") or "", cell.get("error") or "",
-                         cell.get("file") or "", cell.get("diagnosis"), cell.get("source") or "shrunk")
+                         cell.get("file") or "", cell.get("diagnosis"), cell.get("source") or "shrunk",
+                         cell.get("worst"))
             one = PropertyMap(entry.get("property", "?"), tuple(entry.get("operations") or ()), [known], {}, 0, True)
             try:
                 found += report_json.cells([one])

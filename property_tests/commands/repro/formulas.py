@@ -4,7 +4,9 @@ A script is ``HEADER``, the constants and inputs, the kernel call, ``MEMORY`` (e
 between guard bytes, the arguments as the same views, the expected memory image), the helpers of
 the one operation it calls (``rotate`` for rotating operations, ``store`` for cache writes, each
 with only the pieces the case needs), that operation's formula (``FORMULAS``) and ``JUDGE_*`` (every
-byte compared, the guards checked, the first differences named, the exit status). It imports only
+byte compared, the guards checked, the worst five differences named, worst first as the suite orders
+them: an fp8 code as its code and value, ``got code 247 (-240.0), expected code 254 (-448.0)``; the
+exit status). It imports only
 torch and what the kernel call imports, so it runs where the kernel's maintainers work.
 """
 
@@ -51,6 +53,9 @@ BOUNDS = """exact, bound = ({name: torch.full(w.shape, fill, dtype=torch.float64
 """
 
 FP8_IMAGE = """fp8 = {name: torch.zeros(w.shape, dtype=torch.bool) for name, w in want.items()}  # where want holds fp8 codes
+shown = lambda image, name, i: (  # noqa: E731 - an fp8 element as its code and value, another as its value
+    f"code {(c := image.view(torch.uint8)[i:i + 1]).item()} ({c.view(FP8[0]).float().item()!r})" if fp8[name][i]
+    else repr(image[i].item()))
 """
 
 ROTATE = """
@@ -133,23 +138,25 @@ if "--reference" not in sys.argv:  # --reference: the formula's values stand in 
 failed = wrote = 0
 for name, (base, start, flat) in memory.items():  # every bit as `want`{but}
     got, ints = want[name] if "--reference" in sys.argv else flat.cpu(), INTS[flat.element_size()]
-    ok = got.view(ints) == want[name].view(ints)
+    ok, worse = got.view(ints) == want[name].view(ints), torch.zeros(got.shape, dtype=torch.float64)  # worse: order
 """
 
 JUDGE_BOUND = """    e, tol = exact[name], bound[name]  # a rotated value (tol >= 0): within its bound, NaN where exact is NaN
     ok = torch.where(tol >= 0, ((got.double() - e).abs() <= tol) | (got.isnan() & e.isnan()), ok)
+    worse = torch.where(tol >= 0, ((got.double() - e).abs() / tol).nan_to_num(1e300), worse)  # |error| / bound
 """
 
 JUDGE_FP8 = """    if fp8[name].any():  # an fp8 code: as an ordered integer at most one step from the formula's, NaN alike
         g, w = (torch.where(c > 127, 128 - c, c) for c in (got.view(torch.uint8).long(), want[name].view(torch.uint8).long()))
         ok[fp8[name]] = (((g - w).abs() <= 1) & ((g.abs() >= NAN_CODE) == (w.abs() >= NAN_CODE)))[fp8[name]]
+        worse[fp8[name]] = (g - w).abs().double()[fp8[name]]  # codes apart
 """
 
-# the first five elements that differ, each named as an argument's element (else by storage index), then the guards
-JUDGE_END = """    views, ids = [arg for arg in owner if owner[arg] == name], {{name: torch.arange(got.numel())}}
-    for i in (~ok).nonzero().reshape(-1)[:5].tolist():
+# the five elements that differ most (worst first), each named as an argument's element (else storage index); the guards
+JUDGE_END = """    views, ids, bad = [arg for arg in owner if owner[arg] == name], {{name: torch.arange(got.numel())}}, (~ok).nonzero()
+    for i in bad.reshape(-1)[torch.sort(-worse[bad.reshape(-1)], stable=True).indices][:5].tolist():
         where = [f"{{a}}{{(at(ids, a) == i).nonzero()[0].tolist()}}" for a in views if (at(ids, a) == i).any()]
-        print(f"{{(where or [f'{{name}} storage element {{i}}'])[0]}}: got {{got[i].item()!r}}, expected {{want[name][i].item()!r}}"{bound_text})
+        print(f"{{(where or [f'{{name}} storage element {{i}}'])[0]}}: got {{{got}}}, expected {{{want}}}"{bound_text})
     for where, guard in (("before the start", base[:start]), ("past the end", base[start + flat.nbytes:])):
         if (count := (guard != 0xA5).sum().item()):
             print(f"wrote {{count}} bytes {{where}} of {{'/'.join(views)}}'s storage{crash}")
@@ -177,4 +184,6 @@ def program(operation: str, fp8: bool, crash: str) -> str:
                     FORMULAS[operation].format(**scales),
                     JUDGE_START.format(but=", but (§5):" if rotating or fp8 else ""), JUDGE_BOUND if rotating else "",
                     JUDGE_FP8 if fp8 else "",
-                    JUDGE_END.format(bound_text=BOUND_TEXT if rotating else "", crash=crash_text)]).rstrip()
+                    JUDGE_END.format(bound_text=BOUND_TEXT if rotating else "", crash=crash_text,
+                                     got="shown(got, name, i)" if fp8 else "got[i].item()!r",
+                                     want="shown(want[name], name, i)" if fp8 else "want[name][i].item()!r")]).rstrip()

@@ -252,7 +252,8 @@ def run_maps(impl, outcomes: list[dict], profile: str, rounds: int, phases: dict
     from mla_fuse_conformance.running.executor import Executor
     from mla_fuse_conformance.cases import types as case_types
     from mla_fuse_conformance.running.harness import all_properties, property_named
-    from mla_fuse_conformance.commands.conformance_map.property_map import PropertyMap, check_limit, map_property
+    from mla_fuse_conformance.commands.conformance_map.limits import check_limit
+    from mla_fuse_conformance.commands.conformance_map.property_map import PropertyMap, map_property
 
     max_examples = {"ci": profiles.CI_MAX_EXAMPLES, "dev": 30}.get(profile, 100)
     device = str(select_device())
