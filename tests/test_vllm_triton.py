@@ -154,3 +154,18 @@ def test_fp8_e5m2_is_stored_as_e4m3_codes():
     stored = cache.view(torch.uint8)[:, 0, 0, 0].tolist()
     assert stored == [0x38, 0xC4, 0x30], [hex(code) for code in stored]  # E4M3: 1.0, -3.0, 0.5
     assert key[:, 0, 0].float().to(torch.float8_e5m2).view(torch.uint8).tolist() == [0x3C, 0xC2, 0x38]
+
+
+def test_heads_are_read_as_if_packed():
+    """The kernel reads a token's key at ``token * key.stride(0) + h * D + d``: a key whose head stride is
+    not D (each head a slice of a wider row) is read wrong; one whose token stride alone is wider (a column
+    slice of a qkv projection, as engines pass) is read right. Plain torch and the kernel."""
+    impl = _implementation()
+    tokens, heads, size = 2, 2, 8
+    parent = torch.arange(tokens * heads * (size + 8), dtype=torch.float32, device=DEVICE).reshape(tokens, heads, -1)
+    for key, packed in ((parent[:, :, :size], False), (parent.reshape(tokens, -1)[:, :heads * size].reshape(
+            tokens, heads, size), True)):
+        caches = [torch.zeros(1, 4, heads, size, device=DEVICE) for _ in range(2)]
+        one = torch.ones(1, device=DEVICE)
+        impl.reshape_and_cache_flash(key, key, *caches, torch.tensor([0, 1], device=DEVICE), "auto", one, one)
+        assert torch.equal(caches[0][0, :tokens], key) == packed, (key.stride(), caches[0][0, :tokens])
