@@ -8,15 +8,18 @@
    failure file by the plugin). Outcomes and metrics come from pytest's report hooks
    (``outcomes.jsonl``, written by the plugin), not from parsing JUnit; ``junit.xml`` is still
    written for CI services.
-3. For every failing property, build its conformance map (``conformance_map/property_map.py``): which feature values
-   fail, each failing cell with its replay file, and which pass.
+3. Write report.json and its views (the properties' verdict, before the map), then, for every failing
+   property, the most failing tests first, build its conformance map (``maps.py``,
+   ``conformance_map/property_map.py``): which feature values fail, each failing cell with its replay
+   file, and which pass; the report rewritten after each map. ``--map-seconds`` bounds this phase; a
+   SIGTERM or SIGINT stops it (``stopping.py``), the report then written from what was mapped.
 4. Check each declared limit with a few cases just outside it.
 5. Print the report (what ran first: implementation, versions, device, CPU flags; the coverage
    summary last), write ``report.json`` (schema 2, docs/REPORT.md: ``report/document.py``,
    ``report/environment.py``), a standalone script per failing cell, run (``repro/script.py``), its views
-   (``report.html``, ``summary.md``: ``report/views.py``) and the environment into ``junit.xml``; exit 0
-   when everything passed, 1 otherwise; with ``--baseline`` / ``--known-failures``, 0 when no failing
-   id is new (``conformance_map/baseline.py``).
+   (``report.html``, ``summary.md``: ``report/views.py``; no reproducers after a signal) and the
+   environment into ``junit.xml``; exit 0 when everything passed, 1 otherwise; with ``--baseline`` /
+   ``--known-failures``, 0 when no failing id is new (``conformance_map/baseline.py``).
 """
 
 from __future__ import annotations
