@@ -71,6 +71,7 @@ class MapPhase:
     properties: list[str]  # to map, in order
     rounds: int
     seconds: float
+    limits_declared: bool = True  # the implementation declares limits to check
     maps: list = dataclasses.field(default_factory=list)
     limits: list = dataclasses.field(default_factory=list)
     stopped: str | None = None  # a key of report/cells.py's STOPPED_BY
@@ -78,6 +79,7 @@ class MapPhase:
     limits_checked: bool = False
 
     def __post_init__(self) -> None:
+        self.limits_checked = not self.limits_declared  # none to check
         if not self.rounds or not self.seconds:
             self.stopped, self.running = "off", False
 
@@ -157,24 +159,31 @@ def map_one(name, impl, device, executor, outcomes, max_examples, rounds, known_
         return PropertyMap(prop.name, prop.operations, [], {}, 0, False, error=f"{type(error).__name__}: {error}"[:2000])
 
 
+def declared_limits(impl) -> list[tuple]:
+    """``(operation, property, axis, value)`` per declared limit ``check_limits`` checks."""
+    from mla_fuse_conformance.running.harness import all_properties
+
+    found = []
+    for op in impl.operations:
+        prop = next((p for p in all_properties().values() if p.operations == (op,) and not p.needs_input_checks), None)
+        if prop is not None:
+            found += [(op, prop, axis, value) for axis, values in impl.caps(op).restrictions(prop.rotates).items()
+                      for value in values]
+    return found
+
+
 def check_limits(impl, executor, phase: MapPhase, shown, deadline: float, clock, phases: dict) -> None:
     """Each declared limit, checked with a few cases just outside it, until the budget is spent."""
     from mla_fuse_conformance.commands.conformance_map.property_map import check_limit
-    from mla_fuse_conformance.running.harness import all_properties
 
     started = clock()
-    for op in impl.operations:
-        prop = next((p for p in all_properties().values() if p.operations == (op,) and not p.needs_input_checks), None)
-        if prop is None:
-            continue
-        for axis, values in impl.caps(op).restrictions(prop.rotates).items():
-            for value in values:
-                if clock() >= deadline:
-                    phase.stopped = "budget"
-                    return
-                shown.update(f"mla-fuse verify: checking the declared limits: {len(phase.limits)} done, now {op} "
-                             f"{axis} {value}, {progress.elapsed(clock() - started)}")
-                phase.limits.append(check_limit(prop, impl, lambda case, p=prop: executor.run(p.name, case, False),
-                                                op, axis, value))
-                phases["limits"] = round(clock() - started, 1)
+    for op, prop, axis, value in declared_limits(impl):
+        if clock() >= deadline:
+            phase.stopped = "budget"
+            return
+        shown.update(f"mla-fuse verify: checking the declared limits: {len(phase.limits)} done, now {op} "
+                     f"{axis} {value}, {progress.elapsed(clock() - started)}")
+        phase.limits.append(check_limit(prop, impl, lambda case, p=prop: executor.run(p.name, case, False),
+                                        op, axis, value))
+        phases["limits"] = round(clock() - started, 1)
     phase.limits_checked, phases["limits"] = True, round(clock() - started, 1)

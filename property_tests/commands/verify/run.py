@@ -255,7 +255,7 @@ def run_verify(impl_spec: str | None, profile: str, report_dir: pathlib.Path, wo
     outcomes = read_outcomes(report_dir / OUTCOMES_FILE)
     summaries = summarize(outcomes, impl.spec)
     failed = returncode not in (0, 5) or any(s.failed for s in summaries.values()) or not outcomes
-    phase = maps.MapPhase(maps.to_map(outcomes), map_rounds, map_seconds)
+    phase = maps.MapPhase(maps.to_map(outcomes), map_rounds, map_seconds, bool(maps.declared_limits(impl)))
     operations = {op: {**dataclasses.asdict(s), "verdict": s.verdict} for op, s in summaries.items()}
     run = {"command": command_line(), "cwd": os.getcwd(), "started": started_at.isoformat(timespec="seconds"),
            "seconds": None, "profile": profile, "seed_policy": seed_policy(profile), "phases": phases,
