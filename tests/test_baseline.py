@@ -125,6 +125,24 @@ def test_known_ids_that_fail_no_more_are_now_passing_where_their_property_ran():
     assert baseline.verdict_line(clean) == "verdict: PASS (1 known now passing) -> exit 0"
 
 
+def test_a_failure_of_a_property_left_unmapped_inside_a_known_cell_is_that_cell_and_the_others_are_not_run():
+    """A map stopped by --map-seconds or a signal: the test's failure inside a baseline's cell of the
+    property is that cell's id (known: exit 0), the property's other known cells are not run, not
+    now passing; a failure outside every known cell is new."""
+    found = report(cells=[])
+    found["run"]["map"] = {"not_mapped": [ROPE]}
+    against = baseline.Known(frozenset(cell["id"] for cell in CELLS), ("old/report.json",), cells=tuple(CELLS))
+    assert baseline.judge(found, OUTCOMES[:1], against) == 0, found["baseline"]
+    assert found["failing"] == [CELLS[0]["id"]] and found["baseline"]["known"] == [CELLS[0]["id"]]
+    assert found["baseline"]["not_run"] == [CELLS[1]["id"]] and found["baseline"]["now_passing"] == []
+    outside = failed("test_rotary_embedding.py::test_rotary_embedding_matches_reference", ROPE, "wrong result",
+                     {"query rank": "2"})
+    other = report(cells=[])
+    other["run"]["map"] = {"not_mapped": [ROPE]}
+    assert baseline.judge(other, [outside], against) == 1 and other["baseline"]["new"] == [
+        f"{ROPE} | failed test (wrong result) | test_rotary_embedding.py::test_rotary_embedding_matches_reference"]
+
+
 def test_a_known_failures_file_skips_comments_and_blank_lines_and_combines_with_a_baseline(tmp_path):
     found = report()
     baseline.judge(found, OUTCOMES, None)

@@ -119,6 +119,12 @@ class Executor:
             self.connection.close()
         self.process = self.connection = None
 
+    def kill(self) -> None:
+        """End the child now, whatever it is running (``verify`` stopped by a signal)."""
+        if self.process is not None:
+            self.process.kill()
+            self._discard()
+
     def run(self, prop_name: str, case, within_limits: bool = True) -> None:
         """Run one example; raise what it raised (see the module docstring), inside hypothesis too.
         ``within_limits=False``: a case outside the declared limits, on purpose (limit checks)."""

@@ -84,15 +84,19 @@ def covered(failure: dict, cells: list[dict]) -> bool:
                for cell in cells)
 
 
-def failing_ids(cells: list[dict], outcomes: list[dict]) -> list[str]:
-    """Every way a run failed: its cells' ids, then the failing tests no cell covers."""
+def failing_ids(cells: list[dict], outcomes: list[dict], unmapped: tuple[dict, ...] | list[dict] = ()) -> list[str]:
+    """Every way a run failed: its cells' ids, then the failing tests no cell covers. ``unmapped``: a
+    baseline's cells of the properties this run did not map (``--map-seconds``, a signal): a failure
+    inside one of them counts as that cell's id."""
     found = list(dict.fromkeys(cell["id"] for cell in cells))
     for line in outcomes:
         if line["outcome"] != "failed":
             continue
         failure = line.get("failure") or {}
-        if not (failure.get("kind") and covered(failure, cells)):
-            found.append(failed_test_id(line))
+        if failure.get("kind") and covered(failure, cells):
+            continue
+        inside = [cell["id"] for cell in unmapped if failure.get("kind") and covered(failure, [cell])]
+        found.append(inside[0] if inside else failed_test_id(line))
     return list(dict.fromkeys(found))
 
 
@@ -167,14 +171,18 @@ def load(baselines: list[pathlib.Path], known_files: list[pathlib.Path]) -> Know
 
 def judge(report: dict, outcomes: list[dict], known: Known | None) -> int:
     """Add ``failing``, ``baseline`` and each cell's ``known`` to ``report``, set ``run.exit_code``
-    (0 when no failing id is new and the run could run) and return it."""
-    failing = failing_ids(report["cells"], outcomes)
+    (0 when no failing id is new and the run could run) and return it. The known ids of a property
+    the run did not map (``run.map.not_mapped``) that it failed by no more are ``not_run``, not
+    ``now_passing``: no map looked for them."""
+    not_mapped = set((report["run"].get("map") or {}).get("not_mapped") or ())
+    failing = failing_ids(report["cells"], outcomes,
+                          [cell for cell in (known.cells if known else ()) if cell.get("property") in not_mapped])
     report["failing"] = failing
     exit_code = report["run"]["exit_code"]
     if known is None:
         report["baseline"] = None
         return exit_code
-    ran = {property_key(line["nodeid"]) for line in outcomes if line["outcome"] != "skipped"}
+    ran = {property_key(line["nodeid"]) for line in outcomes if line["outcome"] != "skipped"} - not_mapped
     known_keys, failing_keys = {match_key(i) for i in known.ids}, {match_key(i) for i in failing}
     gone = sorted(i for i in known.ids if match_key(i) not in failing_keys)
     report["baseline"] = {"from": list(known.sources), "known": [i for i in failing if match_key(i) in known_keys],

@@ -36,6 +36,7 @@ from mla_fuse_conformance.commands.conformance_map import known_cells
 from mla_fuse_conformance.commands.conformance_map import refinement
 
 FAILURES = diagnosing.FAILURES
+STOPPED_AT = {"budget": "the map's time budget (--map-seconds)"}
 SOURCE_NOTES = {"test run": " (from the test run's failing example, not shrunk)",
                 known_cells.SOURCE: " (known: the baseline's cell, its condition and rate; this run's failing "
                                     "example inside it below)",
@@ -74,6 +75,7 @@ class PropertyMap:
     examples: int
     complete: bool  # the last search passed: no failing cell left outside those found
     error: str | None = None  # why the map could not be finished (verify goes on with the others)
+    stopped: str | None = None  # "budget": its rounds stopped when verify's --map-seconds was spent
     note: str | None = None  # why there is no failing cell although the property failed
 
     def merged(self) -> list[list[Cell]]:
@@ -88,7 +90,8 @@ class PropertyMap:
             return [f"{self.property}: no map: {self.error.splitlines()[0][:300]}"]
         groups = self.merged()
         out = [f"{self.property}: {len(groups)} failing cell(s), {self.examples} examples"
-               + ("" if self.complete else " (stopped at the round limit; more cells may fail)")]
+               + ("" if self.complete else f" (stopped at {STOPPED_AT.get(self.stopped, 'the round limit')}; "
+                                        "more cells may fail)")]
         if not groups and self.note:
             out.append(f"  no failing cell: {self.note}")
         for group in groups:
@@ -240,7 +243,8 @@ def _pair_file(prop, impl, device, run_example: Callable, pair: dict) -> str | N
 
 def map_property(prop, impl, device, run_example: Callable, max_examples: int, rounds: int = 6,
                  known: tuple = (), baseline: tuple[dict, ...] | list[dict] = (),
-                 on_step: Callable[[str], None] = lambda text: None, found: tuple[dict, ...] | list[dict] = ()
+                 on_step: Callable[[str], None] = lambda text: None,
+                 out_of_time: Callable[[], bool] = lambda: False, found: tuple[dict, ...] | list[dict] = ()
                  ) -> PropertyMap:
     """The conformance map of ``prop`` on ``impl`` (module docstring). ``known``: the cases the
     property's test failed with, diagnosed when the map's own searches meet no failure;
@@ -248,22 +252,26 @@ def map_property(prop, impl, device, run_example: Callable, max_examples: int, r
     ``found``: the cells this run's maps of other properties found (report.json entries with
     ``found_by``), sorted out the same way and, where one is confirmed here, carried with the rate
     measured here instead of derived again (one defect, one map);
-    ``on_step``: told each step (``round 2/6, cell 3: CONDITION (fails 4/4)``) as it starts."""
+    ``on_step``: told each step (``round 2/6, cell 3: CONDITION (fails 4/4)``) as it starts;
+    ``out_of_time``: asked before each round after the first; true stops the map there."""
     entries = [*baseline, *(entry for entry in found if known_cells.applies(entry, prop))]
     sorter = known_cells.Sorter(run_example, prop.rotates, entries)
     run_example = sorter if entries else run_example
     cells: list[Cell] = []
     exclude: list[dict] = []
     passing: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-    examples, complete = 0, False
+    examples, complete, stopped = 0, False, None
     strategy = prop.strategy_for(impl)
     for number in range(1, rounds + 1):
+        if number > 1 and out_of_time():
+            stopped = "budget"
+            break
         on_step(f"round {number}/{rounds}, searching")
         case, error, passed = search(prop, strategy, run_example, exclude, max_examples,
                                      conditions=tuple(c.diagnosis["condition"] for c in cells if c.diagnosis))
         examples += len(passed) + (case is not None)
-        for found in passed:
-            for axis, value in found.items():
+        for seen in passed:
+            for axis, value in seen.items():
                 passing[axis][value] += 1
         if case is None:
             complete = True
@@ -285,7 +293,7 @@ def map_property(prop, impl, device, run_example: Callable, max_examples: int, r
     ordered = {axis: dict(sorted(counts.items(), key=lambda item: AXIS[axis].values.index(item[0])))
                for axis, counts in sorted(passing.items(), key=lambda item: order.get(item[0], 99))}
     return PropertyMap(prop.name, prop.operations, [*carried, *cells], ordered, examples, complete,
-                       note=note or None)
+                       note=note or None, stopped=stopped)
 
 
 def _carried(prop, impl, device, known: known_cells.KnownCell, strategy, run_example: Callable,

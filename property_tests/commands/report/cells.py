@@ -1,5 +1,5 @@
-"""The HTML report's sections about cells: the failing cells of the conformance map (a table,
-then each cell in full), the baseline (which cells are new, known, now passing) and the
+"""The HTML report's sections about cells: how far the conformance map got (``map_text``, also in
+summary.md), the failing cells of the conformance map (a table, then each cell in full), the baseline (which cells are new, known, now passing) and the
 implementations side by side (``comparison.json``, written by ``mla-fuse compare``)."""
 
 from __future__ import annotations
@@ -13,6 +13,24 @@ DIFFERENCES = ("cases", "max_ulps", "max_fp8_codes", "passthrough_bytes", "cache
 def rate_text(rate) -> str:
     """``k/n`` (failing among random cases inside the cell), or why there is none."""
     return f"{rate[0]}/{rate[1]}" if rate and len(rate) == 2 and rate[1] else "not measured"
+
+
+STOPPED_BY = {"off": "no map was asked for (--map-rounds 0 or --map-seconds 0)",
+              "budget": "the map's time budget (--map-seconds) was spent",
+              "SIGTERM": "the map was stopped by SIGTERM", "SIGINT": "the map was stopped by SIGINT"}
+
+
+def map_text(phase: dict | None) -> str | None:
+    """report.json's ``run.map`` in one line: ``1 of 3 failing properties mapped; the map was stopped by
+    SIGTERM; not mapped: P, Q``; None where every failing property was mapped (or no report says)."""
+    if not phase or (not phase.get("not_mapped") and phase.get("stopped") in (None, "off") and not phase.get("running")):
+        return None
+    why = "the map is still running (or its process was killed)" if phase.get("running") else \
+        STOPPED_BY.get(phase.get("stopped"), "")
+    return (f"{phase.get('mapped')} of {phase.get('properties')} failing properties mapped" + (f"; {why}" if why else "")
+            + (f"; not mapped: {', '.join(phase['not_mapped'])}" if phase.get("not_mapped") else "")
+            + ("; declared limits not all checked" if phase.get("stopped") not in (None, "off")
+               and not phase.get("limits_checked") else ""))
 
 
 def baseline_mark(report: dict, cell: dict) -> str:

@@ -36,7 +36,7 @@ def header(report: dict) -> str:
             ("version", described.get("version") or "unknown"), ("profile", run.get("profile")),
             ("seed policy", run.get("seed_policy")), ("started", run.get("started")),
             ("duration", f"{run.get('seconds')} s" + phases(run.get("phases"))), ("command", run.get("command")),
-            ("directory", run.get("cwd")),
+            ("directory", run.get("cwd")), ("conformance map", report_cells.map_text(run.get("map"))),
             ("exit status", f"{run.get('exit_code')} (pytest {run.get('pytest_exit_code')})")]
     return (f'<h1>mla-fuse verify: {text(described.get("spec"))} '
             f'<span id="verdict" class="verdict {text(verdict)}">{text(verdict)}</span></h1><div class="top">'
@@ -186,5 +186,5 @@ def write(report_dir: pathlib.Path) -> pathlib.Path:
     spec = ((report or {}).get("implementation") or {}).get("spec")
     per_operation = report_sources.examples_per_operation(report_dir, spec)
     path = report_dir / PAGE_FILE
-    path.write_text(render(report, comparison, per_operation))
+    report_sources.write_atomic(path, render(report, comparison, per_operation))
     return path

@@ -12,7 +12,7 @@ import collections
 import pathlib
 
 from mla_fuse_conformance.commands.report import sources as report_sources
-from mla_fuse_conformance.commands.report.cells import baseline_mark, rate_text
+from mla_fuse_conformance.commands.report.cells import baseline_mark, map_text, rate_text
 from mla_fuse_conformance.declarations.operations import OPERATIONS
 from mla_fuse_conformance.running.failure_text import worst_lines
 
@@ -51,6 +51,8 @@ def what_ran(report: dict) -> list[str]:
                      f"{' '.join(cpu.get('flags') or []) or 'none found'}")
     elif report.get("schema", 2) < 2:
         lines.append("(schema 1 report: no environment, coverage or deployments; re-run `mla-fuse verify` for them)")
+    if map_text(run.get("map")):
+        lines += ["", f"**Conformance map:** {map_text(run['map'])}"]
     return [*lines, ""]
 
 
@@ -138,5 +140,5 @@ def write(report_dir: pathlib.Path) -> pathlib.Path:
     if report is None:
         raise FileNotFoundError(f"{report_dir} holds no {report_sources.REPORT_FILE}")
     path = report_dir / SUMMARY_FILE
-    path.write_text(render(report))
+    report_sources.write_atomic(path, render(report))
     return path

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import pathlib
 import re
 import signal
@@ -265,5 +266,7 @@ def write_reproducers(report_dir: pathlib.Path, report: dict, python: str = sys.
         print(f"reproducer: {found['script']} ({'reproduced' if found['reproduced'] else 'did not reproduce'}"
               f"{'' if found['passes_with_reference'] else '; FAILS with --reference'})", flush=True)
     report.setdefault("run", {}).setdefault("phases", {})["reproducers"] = round(time.monotonic() - started, 1)
-    (report_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    partial = report_dir / ".report.json.partial"  # replaced whole: a process stopped mid-write leaves the old one
+    partial.write_text(json.dumps(report, indent=2) + "\n")
+    os.replace(partial, report_dir / "report.json")
     return report

@@ -42,4 +42,5 @@ def run(args) -> int:
         return 2
     print("".join(f"mla-fuse verify: {note}\n" for note in (known.notes if known else ())), end="")
     return run_verify(args.impl, args.profile or profiles.default_profile(), args.report_dir.absolute(),
-                      args.workers, args.pytest_args, require, args.map_rounds, known, args.write_known_failures)
+                      args.workers, args.pytest_args, require, args.map_rounds, known, args.write_known_failures,
+                      args.map_seconds)

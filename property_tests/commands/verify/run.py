@@ -8,15 +8,18 @@
    failure file by the plugin). Outcomes and metrics come from pytest's report hooks
    (``outcomes.jsonl``, written by the plugin), not from parsing JUnit; ``junit.xml`` is still
    written for CI services.
-3. For every failing property, build its conformance map (``conformance_map/property_map.py``): which feature values
-   fail, each failing cell with its replay file, and which pass.
+3. Write report.json and its views (the properties' verdict, before the map), then, for every failing
+   property, the most failing tests first, build its conformance map (``maps.py``,
+   ``conformance_map/property_map.py``): which feature values fail, each failing cell with its replay
+   file, and which pass; the report rewritten after each map. ``--map-seconds`` bounds this phase; a
+   SIGTERM or SIGINT stops it (``stopping.py``), the report then written from what was mapped.
 4. Check each declared limit with a few cases just outside it.
 5. Print the report (what ran first: implementation, versions, device, CPU flags; the coverage
    summary last), write ``report.json`` (schema 2, docs/REPORT.md: ``report/document.py``,
    ``report/environment.py``), a standalone script per failing cell, run (``repro/script.py``), its views
-   (``report.html``, ``summary.md``: ``report/views.py``) and the environment into ``junit.xml``; exit 0
-   when everything passed, 1 otherwise; with ``--baseline`` / ``--known-failures``, 0 when no failing
-   id is new (``conformance_map/baseline.py``).
+   (``report.html``, ``summary.md``: ``report/views.py``; no reproducers after a signal) and the
+   environment into ``junit.xml``; exit 0 when everything passed, 1 otherwise; with ``--baseline`` /
+   ``--known-failures``, 0 when no failing id is new (``conformance_map/baseline.py``).
 """
 
 from __future__ import annotations
@@ -28,7 +31,6 @@ import json
 import os
 import pathlib
 import shlex
-import subprocess
 import sys
 import textwrap
 import time
@@ -44,6 +46,9 @@ from mla_fuse_conformance.commands.report import document as report_json
 from mla_fuse_conformance.commands.report import views as report_views
 
 from mla_fuse_conformance.commands.repro import script as reproducer
+from mla_fuse_conformance.commands.report.sources import write_atomic
+from mla_fuse_conformance.commands.verify import maps, stopping
+from mla_fuse_conformance.commands.verify.maps import failing_properties, property_of  # noqa: F401 - verify's API
 from mla_fuse_conformance.settings import profiles
 from mla_fuse_conformance.running import recording
 from mla_fuse_conformance.cases.features import describe
@@ -219,84 +224,10 @@ def ignored_modules(spec: str) -> list[str]:
     return [f"--ignore={SUITE_DIR / module}.py" for module in COMPILE_PASS_MODULES]
 
 
-def property_of(nodeid: str, properties: dict):
-    """The kernel property (of ``properties``, ``harness.all_properties()``) a test id runs, or None."""
-    path, _, function = nodeid.partition("::")
-    return properties.get(f"{pathlib.PurePath(path).stem}:{function.partition('[')[0]}")
-
-
-def failing_properties(outcomes: list[dict]) -> list[str]:
-    """Names of the properties that failed: those with a failure file, then registered properties
-    whose test failed without one (a worker that died after its example had finished, e.g. at a
-    ``free`` of a heap its kernel had corrupted). Bad-input properties are per corruption already."""
-    from mla_fuse_conformance.running.harness import all_properties
-
-    properties = all_properties()
-    names = []
-    for line in outcomes:
-        failure = line.get("failure")
-        if failure and failure["property"] not in names:
-            names.append(failure["property"])
-    for line in outcomes:
-        prop = property_of(line["nodeid"], properties) if line["outcome"] == "failed" and not line.get("failure") else None
-        if prop is not None and not prop.needs_input_checks and prop.name not in names:
-            names.append(prop.name)
-    return names
-
-
-def run_maps(impl, outcomes: list[dict], profile: str, rounds: int, phases: dict,
-             known_cells: tuple[dict, ...] = ()) -> tuple[list, list]:
-    """Conformance maps of the failing properties (``known_cells``: a baseline's, sorted out first), and the
-    checks of the declared limits (their seconds added to ``phases`` as ``map`` and ``limits``)."""
-    from mla_fuse_conformance.running.devices import select_device
-    from mla_fuse_conformance.running.executor import Executor
-    from mla_fuse_conformance.cases import types as case_types
-    from mla_fuse_conformance.running.harness import all_properties, property_named
-    from mla_fuse_conformance.commands.conformance_map.limits import check_limit
-    from mla_fuse_conformance.commands.conformance_map.property_map import PropertyMap, map_property
-
-    max_examples = {"ci": profiles.CI_MAX_EXAMPLES, "dev": 30}.get(profile, 100)
-    device = str(select_device())
-    maps, limits, started = [], [], time.monotonic()
-    shown = progress.Progress(lambda text: print(text, end="", flush=True), sys.stdout.isatty())
-    with Executor(impl.spec, device, impl.required) as executor:
-        for name in failing_properties(outcomes):
-            prop = property_named(name)
-            if prop.needs_input_checks:
-                continue
-            shown.phase(f"mla-fuse verify: mapping {name} ...")
-            run = progress.Counted(lambda case, p=prop: executor.run(p.name, case), shown, f"mapping {name}")
-            try:
-                known = tuple(case_types.from_jsonable(line["failure"]["case"]) for line in outcomes
-                              if (line.get("failure") or {}).get("property") == name and line["failure"].get("case"))
-                maps.append(map_property(prop, impl, device, run, max_examples, rounds, known=known, on_step=run.step,
-                                         baseline=[cell for cell in known_cells if cell["property"] == name]))
-                shown.phase(f"{run.line()}: {len(maps[-1].cells)} failing cells")
-            except Exception as error:  # noqa: BLE001 - one property's map must not cost the report
-                shown.phase(f"mla-fuse verify: the map of {name} could not be finished: {type(error).__name__}: "
-                            f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}")
-                maps.append(PropertyMap(prop.name, prop.operations, [], {}, 0, False,
-                                        error=f"{type(error).__name__}: {error}"[:2000]))
-        phases["map"], started = round(time.monotonic() - started, 1), time.monotonic()
-        for op in impl.operations:
-            prop = next((p for p in all_properties().values() if p.operations == (op,) and not p.needs_input_checks), None)
-            if prop is None:
-                continue
-            for axis, values in impl.caps(op).restrictions(prop.rotates).items():
-                for value in values:
-                    shown.update(f"mla-fuse verify: checking the declared limits: {len(limits)} done, now {op} "
-                                 f"{axis} {value}, {progress.elapsed(time.monotonic() - started)}")
-                    limits.append(check_limit(prop, impl, lambda case, p=prop: executor.run(p.name, case, False),
-                                              op, axis, value))
-    phases["limits"] = round(time.monotonic() - started, 1)
-    if limits:
-        shown.phase(f"mla-fuse verify: {len(limits)} declared limits checked in {phases['limits']} s")
-    return maps, limits
-
-
 def run_verify(impl_spec: str | None, profile: str, report_dir: pathlib.Path, workers: str | None,
                extra_pytest_args: list[str], require: tuple[str, ...] = (), map_rounds: int = 6,
-               known: baseline.Known | None = None, write_known: pathlib.Path | None = None) -> int:
+               known: baseline.Known | None = None, write_known: pathlib.Path | None = None,
+               map_seconds: float = maps.DEFAULT_SECONDS) -> int:
     started_at, started = datetime.datetime.now(datetime.timezone.utc), time.monotonic()
     try:
         impl = load_implementation(impl_spec, require)
@@ -313,35 +244,62 @@ def run_verify(impl_spec: str | None, profile: str, report_dir: pathlib.Path, wo
                PYTHONPATH=os.pathsep.join([os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])]))
     shown = {name: str(pathlib.Path(env[name]).absolute()) if name == "MLA_FUSE_REPORT_DIR" else env[name]
              for name in ("PYTHONPATH", "MLA_FUSE_REPORT_DIR")}  # as run, pasteable: its environment as a prefix
-    print(f"$ {' '.join(f'{name}={shlex.quote(value)}' for name, value in shown.items())} {shlex.join(command)}",
-          flush=True)
-    returncode = subprocess.call(command, env=env)
+    returncode, signalled = stopping.run_child(command, env, lambda: print(
+        f"$ {' '.join(f'{name}={shlex.quote(value)}' for name, value in shown.items())} {shlex.join(command)}",
+        flush=True))
+    if signalled:
+        print(f"mla-fuse verify: stopped by {signalled} before the properties ended: no verdict, no report.json "
+              "(exit 2)", file=sys.stderr)
+        return 2
     phases = {"properties": round(time.monotonic() - started, 1)}
     outcomes = read_outcomes(report_dir / OUTCOMES_FILE)
     summaries = summarize(outcomes, impl.spec)
-    maps, limits = run_maps(impl, outcomes, profile, map_rounds, phases, known.cells if known else ()) \
-        if map_rounds else ([], [])
-    elapsed = time.monotonic() - started
     failed = returncode not in (0, 5) or any(s.failed for s in summaries.values()) or not outcomes
-    deployments = report_json.deployments(outcomes, maps)
-    coverage = report_json.coverage(outcomes, impl, deployments)
-    print_report(impl, profile, elapsed, summaries, outcomes, maps, limits, failed)
-    print("\n" + "\n".join(report_json.coverage_lines(coverage)))
-    run = {"command": command_line(), "cwd": os.getcwd(), "started": started_at.isoformat(timespec="seconds"),
-           "seconds": round(elapsed, 1), "profile": profile, "seed_policy": seed_policy(profile), "phases": phases,
-           "pytest_exit_code": returncode, "exit_code": 1 if failed else 0}
+    phase = maps.MapPhase(maps.to_map(outcomes), map_rounds, map_seconds, bool(maps.declared_limits(impl)))
     operations = {op: {**dataclasses.asdict(s), "verdict": s.verdict} for op, s in summaries.items()}
-    report = report_json.report(run, found, described, operations, outcomes, maps, limits, coverage, deployments)
-    exit_code = baseline.judge(report, outcomes, known)
-    (report_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    reproducer.write_reproducers(report_dir, report)  # per failing cell a standalone script, run; report.json rewritten
+    run = {"command": command_line(), "cwd": os.getcwd(), "started": started_at.isoformat(timespec="seconds"),
+           "seconds": None, "profile": profile, "seed_policy": seed_policy(profile), "phases": phases,
+           "pytest_exit_code": returncode, "exit_code": None, "map": None}
+
+    def publish(step_summary: str | None = None) -> tuple[dict, list[pathlib.Path]]:
+        """report.json and its views as things stand (a file is replaced whole: a signal leaves the last)."""
+        run.update(seconds=round(time.monotonic() - started, 1), exit_code=1 if failed else 0, map=phase.as_json(),
+                   phases=dict(phases))
+        deployments = report_json.deployments(outcomes, phase.maps)
+        coverage = report_json.coverage(outcomes, impl, deployments)
+        report = report_json.report(dict(run), found, described, operations, outcomes, phase.maps, phase.limits,
+                                    coverage, deployments)
+        baseline.judge(report, outcomes, known)
+        write_atomic(report_dir / "report.json", json.dumps(report, indent=2) + "\n")
+        return report, report_views.write(report_dir, step_summary)
+
+    with stopping.Handled(lambda name: phase.running and stopping.raise_stopped(name)) as handled:
+        try:
+            publish()  # the properties' verdict, before the map
+            if phase.running:
+                print(f"mla-fuse verify: the properties' verdict ({'FAIL' if failed else 'PASS'}) is in "
+                      f"{report_dir / 'report.json'}, rewritten as each map finishes; mapping {len(phase.properties)} "
+                      f"failing properties, for at most {map_seconds:g} s", flush=True)
+                maps.run_maps(impl, outcomes, profile, phase, phases, known.cells if known else (), on_map=publish)
+            phase.running = False
+        except stopping.Stopped as stop:
+            phase.stopped, phase.running = stop.name, False
+        report, views = publish(os.environ.get("GITHUB_STEP_SUMMARY") if handled.signal else None)
+    elapsed = time.monotonic() - started
+    print_report(impl, profile, elapsed, summaries, outcomes, phase.maps, phase.limits, failed)
+    print("\n".join(["", *maps.lines(report["run"]["map"])]))
+    print("\n" + "\n".join(report_json.coverage_lines(report["coverage"])))
+    if handled.signal:
+        print(f"mla-fuse verify: stopped by {handled.signal}: no reproducers written")
+    else:  # per failing cell a standalone script, run; report.json rewritten, then its views
+        reproducer.write_reproducers(report_dir, report)
+        views = report_views.write(report_dir, os.environ.get("GITHUB_STEP_SUMMARY"))
     report_json.junit_properties(report_dir / "junit.xml", found, described)
     if write_known:
         baseline.write_known_failures(write_known, report)
-    views = report_views.write(report_dir, os.environ.get("GITHUB_STEP_SUMMARY"))
     print("\n".join(["", *baseline.lines(report), f"report: {report_dir / 'report.json'}, {', '.join(map(str, views))}, "
                      f"JUnit: {report_dir / 'junit.xml'}", baseline.verdict_line(report)]))
-    return exit_code
+    return report["run"]["exit_code"]
 
 
 def print_what_ran(impl, profile: str, found: dict, version: str | None, header: list[str]) -> None:
