@@ -102,3 +102,21 @@ def test_without_the_cells_of_earlier_maps_each_property_derives_its_own():
     again = map_property(property_named(MLA_INTERACTIONS), load_implementation("reference"), "cpu",
                          fake_kernel(fp8_write), max_examples=40, rounds=4)
     assert cells[MLA_WRITE] and all(cell.source == "shrunk" for cell in again.cells)
+
+
+def test_the_heat_map_colours_every_value_the_condition_admits():
+    """Issue 31 item 4: `kv_cache_dtype fp8` red but `fp8_e4m3` green, `padding none` red but `some`
+    green, while the cell (an fp8 cache written at all) fails on each. Coloured by what the condition
+    admits, every fp8 name and every padding that writes a slot is red; auto and all-padded are not."""
+    from mla_fuse_conformance.commands.report.heatmap import PASSING, squares
+
+    cells = mapped([MLA_WRITE], fake_kernel(fp8_write))[MLA_WRITE]
+    assert len(cells) == 1 and cells[0]["admits"], cells
+    admitted = cells[0]["admits"]
+    assert {"fp8", "fp8_e4m3", "fp8_e5m2"} <= set(admitted["kv_cache_dtype"]) and "auto" not in admitted["kv_cache_dtype"]
+    assert {"none", "some"} <= set(admitted["padding"]) and "all" not in admitted["padding"], admitted
+    report = {"cells": cells, "coverage": {"axes": {"kv_cache_dtype": {"auto": 5, "fp8": 5, "fp8_e4m3": 5},
+                                                    "padding": {"none": 5, "some": 5, "all": 5}}}}
+    row = {(square.axis, square.value): square for square in squares(report, ["concat_and_cache_mla"], {})[0]}
+    assert row[("kv_cache_dtype", "fp8_e4m3")].colour != PASSING and row[("padding", "some")].colour != PASSING
+    assert row[("kv_cache_dtype", "auto")].colour == PASSING and row[("padding", "all")].colour == PASSING

@@ -63,3 +63,20 @@ def test_cells_of_feature_values_only():
     b = cell("q", None, features={"kv_cache_dtype": "fp8"}, text="kv_cache_dtype fp8")
     c = cell("r", None, features={"dtype": "float16"}, text="dtype float16")
     assert implies(a, b) and not implies(b, a) and len(defects([a, b, c])) == 2
+
+
+def test_the_summary_page_and_console_count_defects_first():
+    from mla_fuse_conformance.commands.report import defects as report_defects
+    from mla_fuse_conformance.commands.report import html, markdown
+
+    cells = [cell("test_mla:a", FP8), cell("test_interactions:b", FP8), cell("test_mla:a", [["field", "is_neox", ["yes"]]])]
+    report = {"schema": 2, "verdict": "FAIL", "implementation": {"spec": "planted", "name": "planted"},
+              "run": {"profile": "dev", "seconds": 1.0, "exit_code": 1}, "cells": cells, "defects": defects(cells)}
+    summary = markdown.render(report)
+    assert summary.splitlines()[0] == "## mla-fuse verify: planted: **FAIL**: 2 defects (3 failing cells)", summary
+    assert "### Defects (2)" in summary and summary.index("### Defects") < summary.index("### Failing cells")
+    page = html.render(report)
+    assert '<span id="defect-count">2 defects (3 failing cells)</span>' in page and 'id="defects-table"' in page
+    lines = report_defects.console_lines(report)
+    assert lines[0] == "defects: 2 defects (3 failing cells)"
+    assert lines[1].startswith("  1. fp8 cache yes; some slot written (slot >= 0) yes (wrong result): 2 cell(s) in 2 properties")

@@ -141,6 +141,7 @@ class Diagnosis:
     pair: dict | None = None  # a partial cell: {"field", "failing", "passing"}: one field apart
     refined_from: list[int] | None = None  # the rate before relations splitting its cases narrowed the cell
     necessity: list[dict] | None = None  # per conjunct checked: {conjunct, inside, outside, verdict} (necessity.py)
+    admits: dict[str, list[str]] | None = None  # per feature axis the values the condition admits (admits.py)
 
     @classmethod
     def from_dict(cls, data: dict) -> "Diagnosis":

@@ -157,5 +157,5 @@ def diagnosis_of(entry: dict) -> dict | None:
     return {"fields": entry.get("fields") or [], "relations": entry.get("relations") or {},
             "condition": entry["condition"]["data"], "tried": 0, "dropped": 0, "rate": entry.get("rate"),
             "pair": entry.get("pair"), "refined_from": None,
-            "necessity": entry.get("necessity")}
+            "necessity": entry.get("necessity"), "admits": entry.get("admits")}
 

@@ -34,6 +34,7 @@ from mla_fuse_conformance.cases.features import AXIS, axes_for, describe, featur
 from mla_fuse_conformance.commands.conformance_map import diagnosis as diagnosing
 from mla_fuse_conformance.commands.conformance_map import known_cells
 from mla_fuse_conformance.commands.conformance_map import refinement
+from mla_fuse_conformance.commands.conformance_map.admits import admitted
 
 FAILURES = diagnosing.FAILURES
 STOPPED_AT = {"budget": "the map's time budget (--map-seconds)"}
@@ -213,6 +214,7 @@ def _cell(prop, impl, device, run_example: Callable, strategy, case, error, sour
     on_step(f"{diagnosis.describe()} (fails {'/'.join(map(str, diagnosis.rate or [0, 0]))})")
     if diagnosis.pair:
         diagnosis.pair["file"] = _pair_file(prop, impl, device, run_example, diagnosis.pair)
+    diagnosis.admits = admitted(prop, impl, case, diagnosis.condition, cell)
     failure = dict(recording.failure_record(prop, impl, device, case, error), cell=cell,
                    trigger=diagnosis.describe())
     if getattr(error, "flaky", False):
@@ -312,6 +314,7 @@ def _carried(prop, impl, device, known: known_cells.KnownCell, strategy, run_exa
         diagnosis["rate"], diagnosis["pair"] = diagnosing.measure(prop, impl, strategy, run_example,
                                                                   diagnosis["condition"], known.case)
         diagnosis["pair"] = None  # the pair walk's file belongs to the property that found the cell
+        diagnosis["admits"] = admitted(prop, impl, known.case, diagnosis["condition"], failure["cell"])
     cell = _saved_cell(prop, failure, diagnosis, known_cells.CARRIED)
     cell.found_by = entry["found_by"]
     return cell

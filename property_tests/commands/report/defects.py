@@ -75,3 +75,16 @@ def count_line(found: list[dict], cells: list[dict]) -> str:
     """``2 defects (5 failing cells)``: what a report's first line counts."""
     return (f"{len(found)} defect{'s' if len(found) != 1 else ''} ({len(cells)} failing "
             f"cell{'s' if len(cells) != 1 else ''})")
+
+
+def console_lines(report: dict) -> list[str]:
+    """``verify``'s account of the defects, before its verdict line (none where nothing was mapped)."""
+    found, cells = report.get("defects") or [], report.get("cells") or []
+    if not found:
+        return []
+    out = [f"defects: {count_line(found, cells)}"]
+    for number, entry in enumerate(found, 1):
+        properties = entry.get("properties") or []
+        out.append(f"  {number}. {entry['condition']} ({entry['kind']}): {len(entry['cells'])} cell(s) in "
+                   f"{len(properties)} propert{'y' if len(properties) == 1 else 'ies'}: {', '.join(properties)}")
+    return out

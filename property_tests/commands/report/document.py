@@ -15,6 +15,7 @@ import pathlib
 import re
 
 from mla_fuse_conformance.commands.conformance_map.identity import cell_id
+from mla_fuse_conformance.commands.report.defects import defects
 from mla_fuse_conformance.running import recording
 
 SCHEMA = 2
@@ -67,7 +68,7 @@ def cells(maps: list) -> list[dict]:
                 "status": None if not rate or not rate[1] else "full" if rate[0] == rate[1] else "partial",
                 "pair": pair and {key: pair.get(key) for key in ("field", "passing", "failing", "file")},
                 "fields": diagnosis.get("fields"), "relations": diagnosis.get("relations"),
-                "necessity": diagnosis.get("necessity"),
+                "necessity": diagnosis.get("necessity"), "admits": diagnosis.get("admits"),
                 "source": cell.source, "found_by": cell.found_by, "replay": replay(cell.file)})
     return found
 
@@ -201,9 +202,10 @@ def report(run: dict, environment: dict, implementation: dict, operations: dict,
            limits: list, coverage: dict, deployments: list[dict]) -> dict:
     """report.json: ``maps`` keeps schema 1's per-property maps (their passing examples per feature
     value are in no other field); ``baseline`` is not written yet."""
+    found = cells(maps)
     return {"schema": SCHEMA, "run": run, "environment": environment, "implementation": implementation,
             "verdict": "FAIL" if run["exit_code"] else "PASS", "operations": operations, "coverage": coverage,
-            "deployments": deployments, "cells": cells(maps), "failures": failures(outcomes),
+            "deployments": deployments, "cells": found, "defects": defects(found), "failures": failures(outcomes),
             "limits": [dataclasses.asdict(check) for check in limits], "maps": [dataclasses.asdict(m) for m in maps]}
 
 

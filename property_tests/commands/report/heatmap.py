@@ -2,8 +2,9 @@
 feature value, and one coloured square per named deployment.
 
 A heat map square (operation, feature value) is coloured by the failure rate of the failing
-cells of that operation whose condition has that value: failing / tried, summed over those
-cells' ``rate``s (random cases drawn inside each cell). Green: no failing cell has the value
+cells of that operation whose condition admits that value (``admits``: the failing case moved to
+the value stays inside the condition; a value that fails somewhere is never green): failing /
+tried, summed over those cells' ``rate``s (random cases drawn inside each cell). Green: no failing cell has the value
 and examples had it; grey: no example had it; dark red: failing cells whose rate was not
 measured. Each square has a ``<title>`` (the browser's tooltip) and ``data-`` attributes with
 the same numbers.
@@ -72,13 +73,22 @@ def squares(report: dict, operations: list[str], per_operation: dict) -> list[li
         row = []
         for axis, value in columns(report):
             inside = [cell for cell in report.get("cells") or [] if operation in (cell.get("operations") or [])
-                      and str(((cell.get("condition") or {}).get("features") or {}).get(axis)) == value]
+                      and admits(cell, axis, value)]
             rates = [cell["rate"] for cell in inside if cell.get("rate") and cell["rate"][1]]
             examples = (counts.get(axis) or {}).get(value, 0) if known else None
             row.append(Square(operation, axis, value, sum(r[0] for r in rates), sum(r[1] for r in rates),
                               len(inside), examples))
         rows.append(row)
     return rows
+
+
+def admits(cell: dict, axis: str, value: str) -> bool:
+    """Whether ``cell``'s condition admits ``axis value``: by its ``admits`` (the failing case moved to
+    the value stays inside the condition, ``conformance_map/admits.py``; an axis its cases lack admits
+    nothing); a report written before cells had ``admits``: by its feature values, as then."""
+    if cell.get("admits") is not None:
+        return value in cell["admits"].get(axis, ())
+    return str(((cell.get("condition") or {}).get("features") or {}).get(axis)) == value
 
 
 def heat_map(report: dict, operations: list[str], per_operation: dict) -> str:

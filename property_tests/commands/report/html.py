@@ -17,6 +17,7 @@ from __future__ import annotations
 import pathlib
 
 from mla_fuse_conformance.commands.report import cells as report_cells
+from mla_fuse_conformance.commands.report.defects import count_line
 
 from mla_fuse_conformance.commands.report import heatmap as report_heatmap
 
@@ -38,8 +39,10 @@ def header(report: dict) -> str:
             ("duration", f"{run.get('seconds')} s" + phases(run.get("phases"))), ("command", run.get("command")),
             ("directory", run.get("cwd")), ("conformance map", report_cells.map_text(run.get("map"))),
             ("exit status", f"{run.get('exit_code')} (pytest {run.get('pytest_exit_code')})")]
+    counted = (f' <span id="defect-count">{text(count_line(report["defects"], report.get("cells") or []))}</span>'
+               if report.get("defects") else "")
     return (f'<h1>mla-fuse verify: {text(described.get("spec"))} '
-            f'<span id="verdict" class="verdict {text(verdict)}">{text(verdict)}</span></h1><div class="top">'
+            f'<span id="verdict" class="verdict {text(verdict)}">{text(verdict)}</span>{counted}</h1><div class="top">'
             + section("what-ran", "What ran", table([], [[text(name), text(value)] for name, value in rows
                                                          if value is not None], "what-ran-table"))
             + environment(report) + "</div>")
@@ -108,6 +111,21 @@ def conformance_map(report: dict, per_operation: dict) -> str:
     return section("conformance-map", "Conformance map", body)
 
 
+def defects(report: dict) -> str:
+    """One row per defect: the widest condition, the kind, its cells (links), the properties and operations."""
+    found = report.get("defects") or []
+    if not found:
+        return ""
+    rows = [[text(entry.get("condition")), text(entry.get("kind")),
+             ", ".join(report_cells.cell_link(report, cell) for cell in entry.get("cells") or []),
+             text(", ".join(entry.get("properties") or [])), text(", ".join(entry.get("operations") or []))]
+            for entry in found]
+    return section("defects", f"Defects ({len(found)})",
+                   '<p class="note">Failing cells with the same condition, or where one implies the other, across '
+                   'properties and operations, are one defect (docs/REPORT.md "defects").</p>'
+                   + table(["condition", "kind", "cells", "properties", "operations"], rows, "defects-table"))
+
+
 def deployments(report: dict) -> str:
     found = report.get("deployments")
     if found is None:
@@ -169,7 +187,7 @@ def render(report: dict | None, comparison: dict | None = None, per_operation: d
     else:
         title = f"mla-fuse verify: {(report.get('implementation') or {}).get('spec')}: {report.get('verdict')}"
         parts = [header(report), schema_note(report), operations(report), conformance_map(report, per_operation or {}),
-                 report_cells.cells(report), deployments(report), failures(report), declarations(report),
+                 defects(report), report_cells.cells(report), deployments(report), failures(report), declarations(report),
                  limits(report), coverage(report), report_cells.baseline(report)]
     parts.append(report_cells.side_by_side(comparison))
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{text(title)}</title>'

@@ -13,6 +13,7 @@ import pathlib
 
 from mla_fuse_conformance.commands.report import sources as report_sources
 from mla_fuse_conformance.commands.report.cells import baseline_mark, map_text, rate_text
+from mla_fuse_conformance.commands.report.defects import count_line
 from mla_fuse_conformance.declarations.operations import OPERATIONS
 from mla_fuse_conformance.running.failure_text import worst_lines
 
@@ -40,7 +41,8 @@ def rows(headers: list[str], found: list[list], total: int) -> list[str]:
 
 def what_ran(report: dict) -> list[str]:
     run, described, found = report.get("run") or {}, report.get("implementation") or {}, report.get("environment")
-    lines = [f"## mla-fuse verify: {described.get('spec')}: **{report.get('verdict')}**", "",
+    counted = f": {count_line(report['defects'], report.get('cells') or [])}" if report.get("defects") else ""
+    lines = [f"## mla-fuse verify: {described.get('spec')}: **{report.get('verdict')}**{counted}", "",
              f"{described.get('name')} version {described.get('version') or 'unknown'}, {run.get('profile')} profile, "
              f"{run.get('seconds')} s" + (f", started {run['started']}" if run.get("started") else "")]
     if found:
@@ -62,6 +64,17 @@ def operations(report: dict) -> list[str]:
     table = [[op, found[op].get("examples"), found[op].get("passed"), found[op].get("failed"),
               found[op].get("skipped"), found[op].get("verdict")] for op in names]
     return [*rows(["operation", "examples", "passed", "failed", "skipped", "verdict"], table, len(table)), ""]
+
+
+def defects(report: dict) -> list[str]:
+    """One row per defect (docs/REPORT.md "defects"): its widest condition, kind, and what it breaks."""
+    found = report.get("defects") or []
+    if not found:
+        return []
+    table = [[entry.get("condition"), entry.get("kind"), len(entry.get("cells") or []),
+              ", ".join(entry.get("properties") or []), ", ".join(entry.get("operations") or [])] for entry in found]
+    return [f"### Defects ({len(found)})", "",
+            *rows(["condition", "kind", "cells", "properties", "operations"], table, len(table)), ""]
 
 
 def cells(report: dict) -> list[str]:
@@ -129,7 +142,8 @@ def baseline(report: dict) -> list[str]:
 
 
 def render(report: dict) -> str:
-    lines = [*what_ran(report), *operations(report), *cells(report), *deployments(report), *baseline(report)]
+    lines = [*what_ran(report), *operations(report), *defects(report), *cells(report), *deployments(report),
+             *baseline(report)]
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -16,6 +16,8 @@ import json
 import os
 import pathlib
 
+from mla_fuse_conformance.commands.report.defects import defects
+
 REPORT_FILE = "report.json"
 COMPARISON_FILE = "comparison.json"
 SCHEMA1_MISSING = ("environment", "coverage", "deployments")
@@ -42,9 +44,11 @@ def read_json(path: pathlib.Path) -> dict | None:
 def load(report_dir: pathlib.Path) -> dict | None:
     """``report_dir``'s report.json as schema 2 (schema 1 converted), or None where there is none."""
     found = read_json(pathlib.Path(report_dir) / REPORT_FILE)
-    if found is None or found.get("schema", 1) >= 2:
-        return found
-    return from_schema1(found)
+    if found is not None and found.get("schema", 1) < 2:
+        found = from_schema1(found)
+    if found is not None and "defects" not in found:  # written before defects were counted
+        found["defects"] = defects(found.get("cells") or [])
+    return found
 
 
 def comparison(report_dir: pathlib.Path) -> dict | None:

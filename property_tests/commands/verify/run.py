@@ -43,6 +43,7 @@ from mla_fuse_conformance.commands import progress
 
 from mla_fuse_conformance.commands.report import document as report_json
 
+from mla_fuse_conformance.commands.report import defects
 from mla_fuse_conformance.commands.report import views as report_views
 
 from mla_fuse_conformance.commands.repro import script as reproducer
@@ -297,7 +298,8 @@ def run_verify(impl_spec: str | None, profile: str, report_dir: pathlib.Path, wo
     report_json.junit_properties(report_dir / "junit.xml", found, described)
     if write_known:
         baseline.write_known_failures(write_known, report)
-    print("\n".join(["", *baseline.lines(report), f"report: {report_dir / 'report.json'}, {', '.join(map(str, views))}, "
+    print("\n".join(["", *defects.console_lines(report), *baseline.lines(report),
+                     f"report: {report_dir / 'report.json'}, {', '.join(map(str, views))}, "
                      f"JUnit: {report_dir / 'junit.xml'}", baseline.verdict_line(report)]))
     return report["run"]["exit_code"]
 
