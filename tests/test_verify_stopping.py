@@ -128,7 +128,7 @@ def fake_maps(monkeypatch):
     clock, mapped = [0.0], []
 
     def map_property(prop, impl, device, run, max_examples, rounds, known=(), on_step=None, baseline=(),
-                     out_of_time=lambda: False):
+                     out_of_time=lambda: False, found=()):
         mapped.append(prop.name)
         for number in range(rounds):
             if number and out_of_time():
