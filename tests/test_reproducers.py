@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -102,23 +103,38 @@ def test_a_write_outside_the_buffers_reproduces_the_crash_it_causes(tmp_path, mo
     found = reproducer.write_reproducers(tmp_path / "report", report_of(f"{module}:Kernels", [cell]))
     found = found["cells"][0]["reproducer"]
     assert (found["reproduced"], found["signal"], found["passes_with_reference"]) == (True, None, True), found
-    ran = subprocess.run([sys.executable, "-I", found["script"]], cwd=tmp_path, capture_output=True, text=True)
+    ran = subprocess.run([sys.executable, found["script"]], cwd=tmp_path / "report", capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=str(tmp_path)))  # the adapter importable, as its README says
     assert ran.returncode == 1, ran.stdout + ran.stderr
     assert f"wrote 8 bytes {where} of kv_cache's storage (the suite's run died by SIGABRT: heap corruption)" in ran.stdout
 
 
-def test_a_user_adapter_is_imported_by_its_module_path(tmp_path, monkeypatch):
-    """An adapter without ``call_source``, in the user's own directory: the script imports it from there."""
-    (tmp_path / "my_kernels.py").write_text(
-        "class Kernels:\n"
-        "    def rotary_embedding(self, positions, query, key, head_size, cos_sin_cache, is_neox):\n"
-        "        query.mul_(2)  # not a rotation\n")
+def test_a_user_adapter_is_imported_by_its_module_name_wherever_it_moved(tmp_path, monkeypatch):
+    """An adapter without ``call_source``, in the user's own directory: the script imports it by module
+    name (an absolute sys.path entry broke when the directory moved), and where the module is not
+    importable it says so, naming the module and PYTHONPATH, with exit 2 (1 says "the kernel differs")."""
+    adapter = ("class Kernels:\n"
+               "    def rotary_embedding(self, positions, query, key, head_size, cos_sin_cache, is_neox):\n"
+               "        query.mul_(2)  # not a rotation\n")
+    (tmp_path / "my_kernels.py").write_text(adapter)
     monkeypatch.syspath_prepend(str(tmp_path))
     cell = failing_cell(tmp_path, "my_kernels:Kernels", "rotary_embedding", to_jsonable(ROPE))
     found = reproducer.write_reproducers(tmp_path / "report", report_of("my_kernels:Kernels", [cell]))
     found = found["cells"][0]["reproducer"]
     assert (found["reproduced"], found["passes_with_reference"]) == (True, True), found
-    assert f"sys.path.append({str(tmp_path)!r})" in pathlib.Path(found["script"]).read_text()
+    script = pathlib.Path(found["script"])
+    assert "import_module('my_kernels')" in script.read_text() and "sys.path.append" not in script.read_text()
+    alone = subprocess.run([sys.executable, "-I", str(script)], cwd=tmp_path / "report", capture_output=True,
+                           text=True)
+    assert alone.returncode == 2, alone.stdout + alone.stderr
+    assert "the adapter module my_kernels is not importable" in alone.stderr and "PYTHONPATH=" in alone.stderr
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    (moved / "my_kernels.py").write_text(adapter)
+    (tmp_path / "my_kernels.py").unlink()
+    ran = subprocess.run([sys.executable, str(script)], cwd=tmp_path / "report", capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=str(moved)))
+    assert ran.returncode == 1 and "differ from the formula" in ran.stdout, ran.stdout + ran.stderr
 
 
 def bare_python(directory: pathlib.Path) -> str:

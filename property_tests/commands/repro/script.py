@@ -23,6 +23,7 @@ import json
 import os
 import pathlib
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -99,10 +100,19 @@ def kernel_lines(operation: str, source: str | None, target: dict) -> list[str]:
     lines = [f"def kernel({arguments}):"]
     if source:
         return lines + [textwrap.indent(textwrap.dedent(source).strip(), "    ")]
-    found = f"__import__('importlib').import_module({target['module']!r})"
+    module, top = target["module"], target["module"].split(".")[0]
+    found = f"__import__('importlib').import_module({module!r})"
     found = f"getattr({found}, {target['attr']!r})" if target["attr"] else found
-    return lines + [f"    sys.path.append({target['directory']!r})  # the adapter, from {target['path']}",
-                    f"    impl = {found}",
+    hint = (f"put the directory holding {top!r} on PYTHONPATH (when this script was written: "
+            f"{target['directory']}), e.g.  PYTHONPATH={shlex.quote(target['directory'])} python THIS_SCRIPT")
+    return lines + [f"    try:  # the adapter, by module name (it was {target['path']})",
+                    f"        impl = {found}",
+                    "    except ModuleNotFoundError as error:",
+                    f"        if error.name != {top!r}:",
+                    "            raise",
+                    f"        print('reproducer: cannot run: the adapter module {module} is not importable: '",
+                    f"              {hint!r}.replace('THIS_SCRIPT', sys.argv[0]), file=sys.stderr)",
+                    "        sys.exit(2)  # not 1, which says the kernel differs",
                     f"    (impl() if isinstance(impl, type) else impl).{operation}({arguments})"]
 
 
@@ -161,13 +171,22 @@ def adapter_target(impl, implementation: dict) -> dict:
     return {"module": module, "attr": attr, "path": str(path), "directory": directory}
 
 
-def run_script(python: str, script: pathlib.Path, *options: str) -> subprocess.CompletedProcess | None:
+# ``python -I -c RUN_WITH_PATH SCRIPT DIR [OPTIONS]``: the script as ``python SCRIPT`` runs it, with ``DIR`` (the
+# adapter's, as a user puts it on PYTHONPATH) first on sys.path; ``-I`` keeps the rest out (Python 3.10 has no -P).
+RUN_WITH_PATH = ("import runpy, sys; script, path = sys.argv[1:3]; sys.path.insert(0, path); "
+                 "sys.argv = [script, *sys.argv[3:]]; runpy.run_path(script, run_name='__main__')")
+
+
+def run_script(python: str, script: pathlib.Path, *options: str,
+               path: str | None = None) -> subprocess.CompletedProcess | None:
     """The script run by ``python`` in a child, from an empty directory and with ``-I`` (neither the script's
-    directory nor PYTHON* variables reach its imports), or None when it ran past ``TIMEOUT_SECONDS``."""
+    directory nor PYTHON* variables reach its imports; ``path``: the adapter's directory, put on sys.path as
+    PYTHONPATH would), or None when it ran past ``TIMEOUT_SECONDS``."""
+    command = [python, "-I", *(("-c", RUN_WITH_PATH) if path else ()), str(script), *((path,) if path else ()),
+               *options]
     with tempfile.TemporaryDirectory() as empty:
         try:
-            return subprocess.run([python, "-I", str(script), *options], cwd=empty, capture_output=True, text=True,
-                                  timeout=TIMEOUT_SECONDS)
+            return subprocess.run(command, cwd=empty, capture_output=True, text=True, timeout=TIMEOUT_SECONDS)
         except subprocess.TimeoutExpired:
             return None
 
@@ -208,27 +227,28 @@ def call_source(target, operation: str) -> str | None:
 
 
 def write_script(cell: dict, record: dict, directory: pathlib.Path, implementation: dict,
-                 impl) -> tuple[pathlib.Path, pathlib.Path | None]:
+                 impl) -> tuple[pathlib.Path, pathlib.Path | None, str | None]:
     """Write the reproducer of one cell from its failure ``record`` (the JSON of ``cell["replay"]["file"]``):
-    the script and its .pt file (None when every buffer is a literal)."""
+    the script, its .pt file (None when every buffer is a literal) and the directory the adapter module it
+    imports by name is in (None: the call is inlined, or the adapter is importable from anywhere)."""
     import torch
 
     record = dict(record, file=cell["replay"]["file"])
     operation = operation_of(record)
     source = call_source(impl.target, operation) if impl is not None else None
     script = directory / f"{slug(cell)}.py"
-    text, large = script_text(cell, record, implementation.get("declaration", {}), source,
-                              adapter_target(impl, implementation))
+    target = adapter_target(impl, implementation)
+    text, large = script_text(cell, record, implementation.get("declaration", {}), source, target)
     script.write_text(text)
     data = script.with_suffix(".pt") if large else None
     if data is not None:
         torch.save(large, data)
-    return script, data
+    return script, data, None if source or target["directory"] == "." else target["directory"]
 
 
-def judge(cell: dict, script: pathlib.Path, data: pathlib.Path | None, python: str) -> dict:
+def judge(cell: dict, script: pathlib.Path, data: pathlib.Path | None, python: str, path: str | None = None) -> dict:
     """Run the script as is and with ``--reference``: the cell's ``reproducer`` entry."""
-    run, with_reference = run_script(python, script), run_script(python, script, "--reference")
+    run, with_reference = run_script(python, script, path=path), run_script(python, script, "--reference", path=path)
     return {"script": str(script), "data": str(data) if data else None, "reproduced": reproduced(cell["kind"], run),
             "signal": signal_name(run), "passes_with_reference": with_reference is not None
             and with_reference.returncode == 0}
@@ -258,11 +278,11 @@ def write_reproducers(report_dir: pathlib.Path, report: dict, python: str = sys.
             if (record.get("case") or {}).get("type") not in CASE_TYPES:
                 continue  # a compile-pass case: its failure file replays it (mla-fuse repro)
             directory.mkdir(parents=True, exist_ok=True)
-            script, data = write_script(cell, record, directory, report["implementation"], impl)
+            script, data, path = write_script(cell, record, directory, report["implementation"], impl)
         except Exception as error:  # noqa: BLE001 - one cell's script must not cost the report
             print(f"reproducer: none for {cell['id']}: {type(error).__name__}: {error}"[:300], flush=True)
             continue
-        found = cell["reproducer"] = judge(cell, script, data, python)
+        found = cell["reproducer"] = judge(cell, script, data, python, path)
         print(f"reproducer: {found['script']} ({'reproduced' if found['reproduced'] else 'did not reproduce'}"
               f"{'' if found['passes_with_reference'] else '; FAILS with --reference'})", flush=True)
     report.setdefault("run", {}).setdefault("phases", {})["reproducers"] = round(time.monotonic() - started, 1)
