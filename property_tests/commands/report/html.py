@@ -87,14 +87,21 @@ def declarations(report: dict) -> str:
 
 def operations(report: dict) -> str:
     found = report.get("operations") or {}
-    names = [*(op for op in OPERATIONS if op in found), *(op for op in found if op not in OPERATIONS)]
+    names = [op for op in OPERATIONS if op in found]
+    others = [name for name in found if name not in OPERATIONS]
     keys = ("examples", "worst_rope_bound_fraction", "worst_rope_ulps", "worst_fp8_code_diff", "padded_slot_cases",
             "saturation_cases", "passed", "failed", "skipped", "verdict")
     headers = ["operation", "examples", "rope bound used", "rope ulps", "fp8 codes", "padded", "saturated",
                "passed", "failed", "skipped", "verdict"]
     rows = [[text(op), *(text(number(found[op].get(key))) for key in keys)] for op in names]
     attrs = [f' data-operation="{text(op)}" class="{text(found[op].get("verdict"))}"' for op in names]
-    return section("operations", "Operations", table(headers, rows, "operations-table", attrs))
+    other_rows = [[text(name), *(text(number(found[name].get(key))) for key in ("passed", "failed", "skipped",
+                                                                               "verdict"))] for name in others]
+    other_attrs = [f' data-check="{text(name)}" class="{text(found[name].get("verdict"))}"' for name in others]
+    return (section("operations", "Operations", table(headers, rows, "operations-table", attrs))
+            + (section("other-checks", "Other checks (no one operation's examples)",
+                       table(["check", "passed", "failed", "skipped", "verdict"], other_rows, "other-checks-table",
+                             other_attrs)) if others else ""))
 
 
 def number(value):

@@ -60,10 +60,14 @@ def what_ran(report: dict) -> list[str]:
 
 def operations(report: dict) -> list[str]:
     found = report.get("operations") or {}
-    names = [*(op for op in OPERATIONS if op in found), *(op for op in found if op not in OPERATIONS)]
+    names = [op for op in OPERATIONS if op in found]
     table = [[op, found[op].get("examples"), found[op].get("passed"), found[op].get("failed"),
               found[op].get("skipped"), found[op].get("verdict")] for op in names]
-    return [*rows(["operation", "examples", "passed", "failed", "skipped", "verdict"], table, len(table)), ""]
+    others = [[name, found[name].get("passed"), found[name].get("failed"), found[name].get("skipped"),
+               found[name].get("verdict")] for name in found if name not in OPERATIONS]
+    return [*rows(["operation", "examples", "passed", "failed", "skipped", "verdict"], table, len(table)), "",
+            *([*rows(["other check", "passed", "failed", "skipped", "verdict"], others, len(others)), ""]
+              if others else [])]
 
 
 def defects(report: dict) -> list[str]:
