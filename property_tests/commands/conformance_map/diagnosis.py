@@ -202,10 +202,11 @@ class Diagnosis:
 
 
 def _separates(observations: list[tuple[dict, bool]], name: str) -> str | None:
-    """The failing value ("yes"/"no") of relation ``name`` when it separates ``observations``."""
+    """The failing value ("yes"/"no") of relation ``name`` when it separates ``observations``; a
+    relation some of them lack (an fp8 band of a case whose cache is not fp8) separates nothing."""
     failing = {rel.get(name) for rel, fails in observations if fails}
     passing = {rel.get(name) for rel, fails in observations if not fails}
-    if len(failing) == 1 and passing and None not in failing and not failing & passing:
+    if len(failing) == 1 and passing and None not in failing | passing and not failing & passing:
         return case_fields.show(next(iter(failing)))
     return None
 
