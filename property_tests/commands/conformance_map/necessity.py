@@ -121,7 +121,8 @@ def check_conjuncts(prop, impl, strategy, run_example: Callable, diagnosis: Diag
         checked.append(entry)
         described = [(None if relations is None else {**relations, FIELDS: case_fields.leaves(case)}, fails)
                      for (relations, fails), case in zip(members, cases)]
-        candidates = wider(conjunct, own, described, own and own.get(FIELDS)) if verdict == NEEDED and outside[0] else []
+        widen = verdict == NEEDED and outside[0]
+        candidates = wider(conjunct, own, described, own and own.get(FIELDS)) if widen else []
         for replacement in [c for c in candidates if c not in condition and c not in seen][:WIDEN_TRIES]:
             rate, _ = measure_rate(prop, impl, strategy, run_example, others + [replacement], failing_case)
             if rate[1] and fails_less_often(inside, rate) >= LEVEL:
