@@ -19,7 +19,7 @@ def fake_rates(needed: list, undrawable: tuple = ()):
     ``undrawable`` conjunct draws nothing (0/0)."""
     calls = []
 
-    def measure(prop, impl, strategy, run_example, condition, failing_case):
+    def measure(prop, impl, strategy, run_example, condition, failing_case, **members):
         calls.append(condition)
         if any(negated(c) in condition for c in undrawable):
             return [0, 0], None

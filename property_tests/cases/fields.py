@@ -27,6 +27,7 @@ import math
 import re
 
 from mla_fuse_conformance.cases.types import FlashCase, MlaCase, Placement, RopeCase
+from mla_fuse_conformance.cases.value_relations import value_relations
 from mla_fuse_conformance.declarations.layout_types import KV_FORMS
 
 _ELEMENT = re.compile(r"^(.*)\[(\d+)\]$")
@@ -300,7 +301,8 @@ def _power_of_two(n: int) -> bool:
 
 def relations(built) -> dict[str, bool]:
     """Derived yes/no facts of a built case (``cases.tensors.Built``): how each buffer's strides
-    relate to its sizes, and the size relations a kernel may assume."""
+    relate to its sizes, the size relations a kernel may assume, and what the written values are
+    against their formats (``value_relations``)."""
     case, args = built.case, built.args
     out: dict[str, bool] = {}
     for name in ("kv_cache", "key_cache", "value_cache"):
@@ -343,4 +345,5 @@ def relations(built) -> dict[str, bool]:
     if values is not None:
         out["NaN in the inputs"] = bool(values.nan_count) or bool(getattr(getattr(case, "value_values", None),
                                                                           "nan_count", 0))
+    out.update(value_relations(built))  # what the written values are, against their formats
     return out

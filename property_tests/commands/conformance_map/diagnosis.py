@@ -203,10 +203,11 @@ class Diagnosis:
 
 
 def _separates(observations: list[tuple[dict, bool]], name: str) -> str | None:
-    """The failing value ("yes"/"no") of relation ``name`` when it separates ``observations``."""
+    """The failing value ("yes"/"no") of relation ``name`` when it separates ``observations``; a
+    relation some of them lack (an fp8 band of a case whose cache is not fp8) separates nothing."""
     failing = {rel.get(name) for rel, fails in observations if fails}
     passing = {rel.get(name) for rel, fails in observations if not fails}
-    if len(failing) == 1 and passing and None not in failing and not failing & passing:
+    if len(failing) == 1 and passing and None not in failing | passing and not failing & passing:
         return case_fields.show(next(iter(failing)))
     return None
 
@@ -228,14 +229,16 @@ def diagnose(prop, impl, run_example: Callable, case) -> Diagnosis:
             rel = relations_of(moved)
             if rel is None:
                 continue
-            fails = None
+            fails, decided = None, moved
             for offset in range(SEEDS):
-                reseeded = dataclasses.replace(moved, seed=(moved.seed + offset) % 2 ** 32)
+                decided = dataclasses.replace(moved, seed=(moved.seed + offset) % 2 ** 32)
                 tried += 1
-                fails = outcome(run_example, reseeded)
+                fails = outcome(run_example, decided)
                 if fails is not False:
                     break
-            if fails is None:
+            # the relations of the seed that failed (the data is the seed's: a value relation differs by seed)
+            rel = relations_of(decided) if fails and decided is not moved else rel
+            if fails is None or rel is None:
                 continue
             (failing if fails else passing).append(case_fields.show(other))
             observations.append((rel, fails))
@@ -296,9 +299,11 @@ def inside(condition: list[list], case, relations: dict | None = None) -> bool:
 
 
 def measure(prop, impl, strategy, run_example: Callable, condition: list[list], failing_case,
-            examples: int = RATE_EXAMPLES, members: list | None = None) -> tuple[list[int], dict | None]:
+            examples: int = RATE_EXAMPLES, members: list | None = None, member_cases: list | None = None
+            ) -> tuple[list[int], dict | None]:
     """Step 3: ``([failing, tried], pair)`` among random cases inside the cell; ``members`` gets
-    ``(relations, fails)`` of each (``commands/conformance_map/refinement.py`` narrows the cell with them)."""
+    ``(relations, fails)`` of each (``commands/conformance_map/refinement.py`` narrows the cell with them),
+    ``member_cases`` each case (the same order)."""
     counts = collections.Counter()
     passing_members: list = []
     own = case_fields.leaves(_base(failing_case))
@@ -320,6 +325,8 @@ def measure(prop, impl, strategy, run_example: Callable, condition: list[list], 
         counts[fails] += 1
         if members is not None:
             members.append((relations_of(case), fails))
+        if member_cases is not None:
+            member_cases.append(_base(case))
         if not fails:
             passing_members.append(_base(case))
 
