@@ -181,3 +181,20 @@ def test_the_exact_cast_hides_no_kernel_bug(flaggems, flaggems_root):
     assert not torch.equal(got, want), "a kernel that multiplies by the scale passed"
     got, want = _mla(impl, "fp8_e4m3", torch.bfloat16, torch.uint8, 8, 4, [3, 0], 2.0)
     assert torch.equal(got, want), "the E4M3 branch was not planted and must still match"
+
+
+def test_flash_cache_entries_are_written_as_if_packed(flaggems):
+    """Confirmed defect (CONTRACT §2, the cache's entry stride): the kernel writes slot s of block b at
+    ``b * block_stride + s * H * D``, reading no entry or head stride. Caches whose entries are packed
+    (vLLM's flash layout ``[2, NB, B, H, D]``, K and V by ``unbind(0)``) are written right; K and V
+    interleaved per entry (``[NB, B, 2, H, D]``, entry stride 2 * H * D) are written at the wrong places.
+    Plain torch and the kernel, exact values."""
+    impl = flaggems()
+    heads, size = 2, 8
+    key = (torch.arange(3 * heads * size, dtype=torch.float32, device=DEVICE) + 1).reshape(3, heads, size)
+    one = torch.ones(1, device=DEVICE)
+    packed = torch.zeros(2, 2, 4, heads, size, device=DEVICE)
+    interleaved = torch.zeros(2, 4, 2, heads, size, device=DEVICE)
+    for pool, (k, v), right in ((packed, packed.unbind(0), True), (interleaved, interleaved.unbind(2), False)):
+        impl.reshape_and_cache_flash(key, -key, k, v, torch.tensor([1, 6, 3], device=DEVICE), "auto", one, one)
+        assert torch.equal(k[0, 1], key[0]) == right and torch.equal(v[1, 2], -key[1]) == right, k.stride()
