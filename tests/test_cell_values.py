@@ -9,6 +9,7 @@ Planted: a team's fp8 MLA cache write clamping ``x / scale`` to [-240, 448] inst
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -80,7 +81,8 @@ def test_the_reproducer_prints_fp8_codes_with_their_values_worst_first(planted_c
     found["implementation"] = {"spec": "clamp_240:Kernels", "module_path": str(PLANTED / "clamp_240.py")}
     script = reproducer.write_reproducers(tmp_path, found)["cells"][0]["reproducer"]
     assert script["reproduced"] and script["passes_with_reference"], script
-    ran = subprocess.run([sys.executable, "-I", script["script"]], capture_output=True, text=True, timeout=120)
+    ran = subprocess.run([sys.executable, script["script"]], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=str(PLANTED)))  # the adapter importable by its module name
     lines = ran.stdout.splitlines()
     assert ran.returncode == 1 and lines[0].endswith("got code 247 (-240.0), expected code 254 (-448.0)"), ran.stdout
     assert "got 247" not in ran.stdout
