@@ -62,3 +62,12 @@ def test_the_test_asks_for_a_measurable_difference():
     assert fails_less_often([12, 12], [0, 12]) < 0.001
     assert fails_less_often([12, 12], [8, 12]) < 0.05 < fails_less_often([12, 12], [9, 12])
     assert fails_less_often([6, 12], [6, 12]) > 0.5
+
+
+def test_a_precondition_no_case_outside_could_be_drawn_for_is_kept_unmarked():
+    written = ["relation", "some slot written (slot >= 0)", "yes"]
+    diagnosis = diagnosis_of([SIGN, written])
+    measure, _ = fake_rates(needed=[SIGN], undrawable=(written,))
+    check_conjuncts(None, None, None, None, diagnosis, None, measure_rate=measure)
+    assert [entry["verdict"] for entry in diagnosis.necessity] == [NEEDED, "precondition"]
+    assert "not shown needed" not in diagnosis.describe() and written in diagnosis.condition

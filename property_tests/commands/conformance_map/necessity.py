@@ -8,7 +8,9 @@ conjunct but not this one (the conjunct negated: ``field`` <-> ``field-not``, a 
 <-> ``no``). It is *needed* when those cases fail less often than the cases inside the cell, by a
 one-sided Fisher exact test at ``LEVEL`` (12 inside all failing: 4 or more of 12 outside passing);
 it is *dropped* when they fail as often (the cell widens; its rate is measured again); it is
-*unconfirmed* when no case outside it could be drawn (kept, and marked so in the cell's text).
+*unconfirmed* when no case outside it could be drawn (kept, and marked so in the cell's text), but
+for a precondition (``some slot written (slot >= 0): yes``, ``tokens > 0: yes``): outside it the
+operation has nothing to do, so it is kept as a *precondition*, unmarked.
 Conjuncts are checked one at a time, each against the condition the ones before left.
 
 A needed conjunct whose outside still fails sometimes is narrower than the trigger (``x/scale
@@ -25,11 +27,14 @@ import math
 from typing import Callable
 
 from mla_fuse_conformance.cases import fields as case_fields
-from mla_fuse_conformance.commands.conformance_map.diagnosis import Diagnosis, _base, measure, relations_of
+from mla_fuse_conformance.commands.conformance_map.diagnosis import (PRECONDITIONS, Diagnosis, _base, measure,
+                                                                     relations_of)
 
 WIDEN_TRIES = 3  # replacements of a too-narrow conjunct measured, at most
 LEVEL = 0.05  # the one-sided p-value below which the outside failing less often is taken as shown
 NEEDED, DROPPED, UNCONFIRMED, WIDENED = "needed", "dropped", "unconfirmed", "widened"
+PRECONDITION = "precondition"  # no case outside drawn, and outside it the operation writes or rotates nothing
+PRECONDITION_VALUES = [[name, "yes"] for name in PRECONDITIONS]
 
 
 def negated(conjunct: list) -> list:
@@ -111,8 +116,8 @@ def check_conjuncts(prop, impl, strategy, run_example: Callable, diagnosis: Diag
         cases: list = []
         outside, _ = measure_rate(prop, impl, strategy, run_example, others + [negated(conjunct)], failing_case,
                                   members=members, member_cases=cases)
-        if not outside[1]:
-            verdict = UNCONFIRMED
+        if not outside[1]:  # a precondition (nothing written, no token) leaves the operation nothing to do
+            verdict = PRECONDITION if conjunct[0] == "relation" and conjunct[1:] in PRECONDITION_VALUES else UNCONFIRMED
         elif fails_less_often(inside, outside) < LEVEL:
             verdict = NEEDED
         else:
