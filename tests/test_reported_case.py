@@ -66,7 +66,7 @@ def test_the_section_saves_and_prints_the_case_hypothesis_reported(tmp_path):
     assert done.returncode == 1 and "1 failed" in out, out[-4000:] + done.stderr[-2000:]
     assert "Falsifying explicit example" in out and "nan_count=1" not in out.partition("Falsifying explicit")[2] \
         .partition("mla_fuse: reproduce")[0], out[-4000:]  # hypothesis printed the simple one
-    section = out.partition("mla_fuse: reproduce this failure")[2]
+    section = out.partition("mla_fuse: reproduce this failure")[2].partition("short test summary info")[0]  # CI=true: more
     assert "case:           MlaCase(seed=1, tokens=3," in section, section  # SIMPLE, as run (uint8 storage)
     assert "nan_count" not in section and "NaN inputs no" in section, section
     assert "run by the commands below and the reproducer: hypothesis' explicit example above" in section

@@ -44,8 +44,9 @@ MLA = MlaCase(seed=4, tokens=3, heads=1, latent=8, rotary_dim=4, dtype="bfloat16
 FP8_FLASH = dataclasses.replace(FLASH, kv_cache_dtype="fp8", k_scale=ScaleSpec(log2=-1.0), v_scale=ScaleSpec(log2=2.0))
 # lines a script may have, per operation: the fused ones rotate and write a cache; an fp8 cache's, three more
 # (its elements printed as code and value)
-LINE_BUDGET = {"rotary_embedding": 80, "concat_and_cache_mla": 70, "reshape_and_cache_flash": 81,
-               "concat_and_cache_mla_rope_fused": 105, "rope_and_reshape_and_cache_flash": 98}
+# +6 each for importing the adapter by module name, saying so where it is not importable (exit 2)
+LINE_BUDGET = {"rotary_embedding": 86, "concat_and_cache_mla": 76, "reshape_and_cache_flash": 87,
+               "concat_and_cache_mla_rope_fused": 111, "rope_and_reshape_and_cache_flash": 104}
 
 
 def failing_cell(directory: pathlib.Path, spec: str, operation: str, case: dict, kind: str = "wrong result") -> dict:
