@@ -184,3 +184,14 @@ def test_a_subclass_overriding_a_shipped_adapters_method_is_called_itself():
     assert call_source(Team(), "concat_and_cache_mla") is None
     assert "ops.rotary_embedding(" in call_source(Team(), "rotary_embedding")
     assert "ops.concat_and_cache_mla(" in call_source(TritonImplementation(), "concat_and_cache_mla")
+
+
+def test_a_cell_carried_from_another_property_gets_no_script_of_its_own(tmp_path):
+    """One script per defect's cell as derived: the carried copy in another property (same condition,
+    ``found_by``) points to it instead of writing and running the same script again."""
+    derived = failing_cell(tmp_path, "mutant:style_swapped", "rotary_embedding", to_jsonable(ROPE))
+    carried = dict(derived, id=derived["id"].replace("test_x", "test_y"), property="test_y:test_rotary",
+                   source="another property", found_by=derived["property"])
+    found = reproducer.write_reproducers(tmp_path / "report", report_of("mutant:style_swapped", [derived, carried]))
+    assert found["cells"][0]["reproducer"]["reproduced"] and found["cells"][1].get("reproducer") is None
+    assert len(list((tmp_path / "report" / reproducer.DIRECTORY).glob("*.py"))) == 1

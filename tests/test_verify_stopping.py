@@ -24,6 +24,7 @@ from mla_fuse_conformance.commands.verify import maps
 ROPE = "test_rotary_embedding:test_rotary_embedding_matches_reference"
 CACHE = "test_mla:test_mla_cache_write_matches_reference"
 FUSED = "test_mla:test_fused_mla_matches_reference"
+DEPLOYED = "test_deployments:test_rotary_embedding_in_deployment"
 PLANTED = '''
 from mla_fuse_conformance.mutants.kernels import MUTANTS
 
@@ -142,13 +143,20 @@ def fake_maps(monkeypatch):
 
 def outcomes_failing(**failing: int) -> list[dict]:
     """Outcome lines: per property (``ROPE=1``, by the names above) so many failing tests."""
-    names = {"ROPE": ROPE, "CACHE": CACHE, "FUSED": FUSED}
+    names = {"ROPE": ROPE, "CACHE": CACHE, "FUSED": FUSED, "DEPLOYED": DEPLOYED}
     found = []
     for key, count in failing.items():
         module, _, function = names[key].partition(":")
         found += [{"nodeid": f"properties/{module}.py::{function}[{n}]", "outcome": "failed",
                    "failure": {"property": names[key]}} for n in range(count)]
     return found
+
+
+def test_searching_properties_are_mapped_before_those_of_fixed_examples():
+    """A deployment property fails one test per deployment: ordered by failing tests alone it was mapped
+    first, from its large fixed cases (minutes), where a searching map finds the cell in seconds and
+    the deployments' map then confirms it."""
+    assert maps.to_map(outcomes_failing(DEPLOYED=9, ROPE=1, CACHE=3)) == [CACHE, ROPE, DEPLOYED]
 
 
 def test_the_map_seconds_budget_maps_the_most_failing_first_and_lists_the_rest_as_not_mapped(fake_maps, capsys):

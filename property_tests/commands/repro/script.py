@@ -268,7 +268,10 @@ def write_reproducers(report_dir: pathlib.Path, report: dict, python: str = sys.
     """Per failing cell with a case of the five operations: its reproducer (module docstring), run by
     ``python``; ``run.phases["reproducers"]`` its seconds; ``report.json`` rewritten. Returns ``report``."""
     started, report_dir = time.monotonic(), pathlib.Path(report_dir).absolute()  # scripts run from elsewhere
-    cells = [cell for cell in report.get("cells", []) if (cell.get("replay") or {}).get("file")]
+    # one per defect's cell as derived: a cell carried from another property (``found_by``) is that cell's
+    # condition confirmed here, and the cell it was found as has the script
+    cells = [cell for cell in report.get("cells", []) if (cell.get("replay") or {}).get("file")
+             and cell.get("source") != "another property"]
     impl = load_adapter(report) if cells else None
     directory = report_dir / DIRECTORY
     for cell in cells:

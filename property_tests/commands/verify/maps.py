@@ -1,6 +1,7 @@
 """``verify``'s map phase: the conformance map of each failing property, then the declared limits.
 
-The properties with the most failing tests are mapped first. ``--map-rounds`` bounds each map (its
+The searching properties are mapped before those of fixed examples, each group the most failing
+tests first. ``--map-rounds`` bounds each map (its
 failing cells), ``--map-seconds`` the whole phase: no map starts once the budget is spent, a map
 running then stops after its round, and the limit checks stop. A SIGTERM or SIGINT (``stopping.py``)
 stops the phase where it is. Whatever was not mapped is listed as not mapped (``MapPhase.as_json``:
@@ -19,6 +20,7 @@ from typing import Callable
 from mla_fuse_conformance.commands import progress
 from mla_fuse_conformance.commands.conformance_map.cli import MAP_SECONDS
 from mla_fuse_conformance.commands.report.cells import map_text
+from mla_fuse_conformance.declarations.property_modules import EXPLICIT_ONLY_MODULES
 from mla_fuse_conformance.settings import profiles
 
 DEFAULT_SECONDS = MAP_SECONDS  # --map-seconds: ten minutes, so the properties and the map fit a CI job of an hour
@@ -50,8 +52,11 @@ def failing_properties(outcomes: list[dict]) -> list[str]:
 
 
 def to_map(outcomes: list[dict]) -> list[str]:
-    """The failing properties a map is made for (not the bad-input ones), those with the most failing
-    tests first (ties in the order they failed)."""
+    """The failing properties a map is made for (not the bad-input ones): those that search (random
+    cases) before those of fixed examples (deployments, real sizes, interactions: one test per example,
+    so many failing tests, and large cases that are slow to map), each group the most failing tests
+    first (ties in the order they failed). A fixed-example property then mostly confirms the cells
+    the searching maps found (one defect, one map) instead of deriving them from its few cases."""
     from mla_fuse_conformance.running.harness import all_properties, property_named
 
     properties, failing = all_properties(), collections.Counter()
@@ -61,7 +66,7 @@ def to_map(outcomes: list[dict]) -> list[str]:
                                                                            "name", None)
             failing[prop] += 1
     names = [name for name in failing_properties(outcomes) if not property_named(name).needs_input_checks]
-    return sorted(names, key=lambda name: -failing[name])
+    return sorted(names, key=lambda name: (name.partition(":")[0] in EXPLICIT_ONLY_MODULES, -failing[name]))
 
 
 @dataclasses.dataclass
