@@ -53,9 +53,9 @@ if "--reference" not in sys.argv:  # --reference: the formula's values stand in 
 failed = wrote = 0
 for name, (base, start, flat) in memory.items():  # every bit as `want`
     got, ints = want[name] if "--reference" in sys.argv else flat.cpu(), INTS[flat.element_size()]
-    ok = got.view(ints) == want[name].view(ints)
-    views, ids = [arg for arg in owner if owner[arg] == name], {name: torch.arange(got.numel())}
-    for i in (~ok).nonzero().reshape(-1)[:5].tolist():
+    ok, worse = got.view(ints) == want[name].view(ints), torch.zeros(got.shape, dtype=torch.float64)  # worse: order
+    views, ids, bad = [arg for arg in owner if owner[arg] == name], {name: torch.arange(got.numel())}, (~ok).nonzero()
+    for i in bad.reshape(-1)[torch.sort(-worse[bad.reshape(-1)], stable=True).indices][:5].tolist():
         where = [f"{a}{(at(ids, a) == i).nonzero()[0].tolist()}" for a in views if (at(ids, a) == i).any()]
         print(f"{(where or [f'{name} storage element {i}'])[0]}: got {got[i].item()!r}, expected {want[name][i].item()!r}")
     for where, guard in (("before the start", base[:start]), ("past the end", base[start + flat.nbytes:])):
