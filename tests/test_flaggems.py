@@ -40,6 +40,8 @@ def flaggems_root(tmp_path_factory):
         return None
     wheel = os.environ.get(WHEEL_ENV_VAR)
     if not wheel:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"FlagGems not found: .ci/run downloads the wheel and sets {WHEEL_ENV_VAR}")
         pytest.skip(f"FlagGems not found: set {PATH_ENV_VAR} to an unpacked flag-gems wheel, or {WHEEL_ENV_VAR} "
                     "to the wheel file (pip download --no-deps flag-gems==5.0.2), or install it")
     root = tmp_path_factory.mktemp("flaggems")
