@@ -47,6 +47,14 @@ TIMEOUT_ENV = "MLA_FUSE_EXAMPLE_TIMEOUT"
 DEFAULT_EXAMPLE_TIMEOUT = 120.0  # seconds; the slowest ci/gpu example under the interpreter takes ~20 s loaded
 
 
+def write_atomic(path: pathlib.Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all: a process stopped mid-write leaves the old file."""
+    path = pathlib.Path(path)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    partial.write_text(text)
+    os.replace(partial, path)
+
+
 def example_timeout() -> float:
     """Seconds one example may run before it counts as hung (``$MLA_FUSE_EXAMPLE_TIMEOUT``; 0: never)."""
     text = os.environ.get(TIMEOUT_ENV, "").strip()

@@ -24,6 +24,7 @@ from mla_fuse_conformance.commands.report import heatmap as report_heatmap
 from mla_fuse_conformance.commands.report import sources as report_sources
 from mla_fuse_conformance.commands.report.markup import STYLE, section, table, text
 from mla_fuse_conformance.declarations.operations import OPERATIONS
+from mla_fuse_conformance.running import recording
 
 PAGE_FILE = "report.html"
 VERSIONS = ("python", "torch", "triton", "hypothesis", "mla_fuse")
@@ -211,5 +212,5 @@ def write(report_dir: pathlib.Path) -> pathlib.Path:
     spec = ((report or {}).get("implementation") or {}).get("spec")
     per_operation = report_sources.examples_per_operation(report_dir, spec)
     path = report_dir / PAGE_FILE
-    report_sources.write_atomic(path, render(report, comparison, per_operation))
+    recording.write_atomic(path, render(report, comparison, per_operation))
     return path

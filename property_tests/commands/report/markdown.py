@@ -15,6 +15,7 @@ from mla_fuse_conformance.commands.report import sources as report_sources
 from mla_fuse_conformance.commands.report.cells import baseline_mark, map_text, rate_text
 from mla_fuse_conformance.commands.report.defects import count_line
 from mla_fuse_conformance.declarations.operations import OPERATIONS
+from mla_fuse_conformance.running import recording
 from mla_fuse_conformance.running.failure_text import worst_lines
 
 SUMMARY_FILE = "summary.md"
@@ -158,5 +159,5 @@ def write(report_dir: pathlib.Path) -> pathlib.Path:
     if report is None:
         raise FileNotFoundError(f"{report_dir} holds no {report_sources.REPORT_FILE}")
     path = report_dir / SUMMARY_FILE
-    report_sources.write_atomic(path, render(report))
+    recording.write_atomic(path, render(report))
     return path

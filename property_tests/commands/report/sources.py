@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 import pathlib
 
 from mla_fuse_conformance.commands.report.defects import defects
@@ -21,14 +20,6 @@ from mla_fuse_conformance.commands.report.defects import defects
 REPORT_FILE = "report.json"
 COMPARISON_FILE = "comparison.json"
 SCHEMA1_MISSING = ("environment", "coverage", "deployments")
-
-
-def write_atomic(path: pathlib.Path, text: str) -> None:
-    """Write ``text`` to ``path`` whole or not at all: a process stopped mid-write leaves the old file."""
-    path = pathlib.Path(path)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    partial.write_text(text)
-    os.replace(partial, path)
 
 
 def read_json(path: pathlib.Path) -> dict | None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import pathlib
 import re
 import shlex
@@ -37,6 +36,7 @@ from mla_fuse_conformance.cases import tensors
 from mla_fuse_conformance.declarations.operations import (CACHING_OPERATIONS, FUSED_OPERATIONS, OPERATION_ARGUMENTS,
                                                           ROTATING_OPERATIONS)
 from mla_fuse_reference import fp8 as ref_fp8
+from mla_fuse_conformance.running import recording
 from mla_fuse_conformance.running.checks import BUFFER_OF_ARGUMENT
 
 LITERAL_ELEMENTS = 64  # a buffer with more elements goes to the .pt file
@@ -289,7 +289,5 @@ def write_reproducers(report_dir: pathlib.Path, report: dict, python: str = sys.
         print(f"reproducer: {found['script']} ({'reproduced' if found['reproduced'] else 'did not reproduce'}"
               f"{'' if found['passes_with_reference'] else '; FAILS with --reference'})", flush=True)
     report.setdefault("run", {}).setdefault("phases", {})["reproducers"] = round(time.monotonic() - started, 1)
-    partial = report_dir / ".report.json.partial"  # replaced whole: a process stopped mid-write leaves the old one
-    partial.write_text(json.dumps(report, indent=2) + "\n")
-    os.replace(partial, report_dir / "report.json")
+    recording.write_atomic(report_dir / "report.json", json.dumps(report, indent=2) + "\n")
     return report

@@ -47,7 +47,6 @@ from mla_fuse_conformance.commands.report import defects
 from mla_fuse_conformance.commands.report import views as report_views
 
 from mla_fuse_conformance.commands.repro import script as reproducer
-from mla_fuse_conformance.commands.report.sources import write_atomic
 from mla_fuse_conformance.commands.verify import maps, stopping
 from mla_fuse_conformance.commands.verify.maps import failing_properties, property_of  # noqa: F401 - verify's API
 from mla_fuse_conformance.settings import profiles
@@ -279,7 +278,7 @@ def run_verify(impl_spec: str | None, profile: str, report_dir: pathlib.Path, wo
         report = report_json.report(dict(run), found, described, operations, outcomes, phase.maps, phase.limits,
                                     coverage, deployments)
         baseline.judge(report, outcomes, known)
-        write_atomic(report_dir / "report.json", json.dumps(report, indent=2) + "\n")
+        recording.write_atomic(report_dir / "report.json", json.dumps(report, indent=2) + "\n")
         return report, report_views.write(report_dir, step_summary)
 
     with stopping.Handled(lambda name: phase.running and stopping.raise_stopped(name)) as handled:
