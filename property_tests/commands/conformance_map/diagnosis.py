@@ -164,6 +164,13 @@ class Diagnosis:
                 parts[-1] += " (not shown needed)"
         return "; ".join(parts) or "(any case)"
 
+    def forget_relation(self, name: str) -> None:
+        """``name`` no longer a relation of the cell: out of ``relations``, and no field explained by it."""
+        self.relations.pop(name, None)
+        for finding in self.fields:
+            if (finding.explained_by or "").startswith(f"{name}: "):
+                finding.explained_by = None
+
     def rate_text(self) -> str:
         if not self.rate or not self.rate[1]:
             return "failure rate not measured (no random case inside the cell was drawn)"

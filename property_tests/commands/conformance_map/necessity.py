@@ -87,17 +87,6 @@ def _restored(diagnosis: Diagnosis, conjunct: list) -> list[list]:
     return out
 
 
-def _repoint(diagnosis: Diagnosis, narrow: list, wide: list) -> None:
-    """A widened relation no longer explains the fields its diagnosis said it did (the one in its
-    place was measured, not seen to separate the cases the diagnosis tried)."""
-    if narrow[0] != "relation":
-        return
-    diagnosis.relations.pop(narrow[1], None)
-    for finding in diagnosis.fields:
-        if finding.explained_by == f"{narrow[1]}: {narrow[2]} fails":
-            finding.explained_by = None
-
-
 def check_conjuncts(prop, impl, strategy, run_example: Callable, diagnosis: Diagnosis, failing_case,
                     measure_rate: Callable = measure) -> None:
     """Check each conjunct of ``diagnosis.condition`` (module docstring); record the verdicts in
@@ -132,7 +121,8 @@ def check_conjuncts(prop, impl, strategy, run_example: Callable, diagnosis: Diag
             rate, _ = measure_rate(prop, impl, strategy, run_example, others + [replacement], failing_case)
             if rate[1] and fails_less_often(inside, rate) >= LEVEL:
                 entry.update(verdict=WIDENED, to=replacement, widened_rate=rate)
-                _repoint(diagnosis, conjunct, replacement)
+                if conjunct[0] == "relation":  # measured, not seen to separate the cases the diagnosis tried
+                    diagnosis.forget_relation(conjunct[1])
                 condition = [replacement if c is conjunct else c for c in condition]
                 inside = rate
                 pending.append(replacement)
@@ -153,9 +143,3 @@ FIELDS = "\x00fields"  # a member's field values, kept beside its relations (no 
 def _with_fields(case) -> dict | None:
     relations = relations_of(_base(case))
     return None if relations is None else {**relations, FIELDS: case_fields.leaves(_base(case))}
-
-
-def unconfirmed(diagnosis: Diagnosis) -> list[list]:
-    """The conjuncts of the condition no case outside could be drawn for."""
-    return [entry["conjunct"] for entry in diagnosis.necessity or () if entry["verdict"] == UNCONFIRMED
-            and entry["conjunct"] in diagnosis.condition]

@@ -109,7 +109,4 @@ def _drop_relations_that_split_nothing(prop, impl, strategy, run_example, diagno
         if not rate[1] or rate[0] < rate[1]:
             continue
         diagnosis.condition, diagnosis.rate = without, rate
-        diagnosis.relations.pop(literal[1], None)
-        for finding in diagnosis.fields:
-            if (finding.explained_by or "").startswith(f"{literal[1]}: "):
-                finding.explained_by = None
+        diagnosis.forget_relation(literal[1])
