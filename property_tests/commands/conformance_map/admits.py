@@ -12,15 +12,14 @@ reads the condition, it measures nothing.
 from __future__ import annotations
 
 from mla_fuse_conformance.cases.features import axes_for, features
-from mla_fuse_conformance.cases.types import BadInputCase
-from mla_fuse_conformance.commands.conformance_map.diagnosis import inside, relations_of
+from mla_fuse_conformance.commands.conformance_map.diagnosis import _base, inside, relations_of
 
 
 def admitted(prop, impl, case, condition: list[list] | None, needed: dict[str, str]) -> dict[str, list[str]]:
     """``{axis: [values]}``: per feature axis of ``prop``'s cases, the values whose case (``case``
     moved to the value) the cell holds: inside ``condition`` where the cell has one, else with the
     feature values ``needed``."""
-    base = case.base if isinstance(case, BadInputCase) else case
+    base = _base(case)
     own = features(base, prop.rotates)
     found: dict[str, list[str]] = {}
     for axis in axes_for(prop.rotates):

@@ -36,7 +36,6 @@ from hypothesis.errors import UnsatisfiedAssumption
 from mla_fuse_conformance.cases import fields as case_fields
 from mla_fuse_conformance.cases import types as case_types
 from mla_fuse_conformance.cases.features import features
-from mla_fuse_conformance.cases.types import BadInputCase
 from mla_fuse_conformance.commands.conformance_map import diagnosis as diagnosing
 from mla_fuse_conformance.commands.conformance_map.identity import kind_family
 from mla_fuse_conformance.running import recording
@@ -70,12 +69,13 @@ class KnownCell:
         for a cell of neither (that property failed everywhere: this one maps itself)."""
         condition, data = self.entry["condition"], self.entry["condition"].get("data")
         needed = condition.get("features") or {}
-        found = features(case.base if isinstance(case, BadInputCase) else case, rotates)
+        base = diagnosing._base(case)
+        found = features(base, rotates)
         has_values = all(found.get(axis) == value for axis, value in needed.items())
         if self.entry.get("found_by") is not None:
             if not data:
                 return bool(needed) and has_values
-            fields = case_fields.leaves(case.base if isinstance(case, BadInputCase) else case)
+            fields = case_fields.leaves(base)
             named = all(name in fields for kind, name, _ in data if kind in ("field", "field-not"))
             return named and self._inside(data, case, relations)  # a field this case lacks: never inside
         return has_values or (data is not None and self._inside(data, case, relations))

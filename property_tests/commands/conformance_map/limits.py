@@ -9,7 +9,8 @@ import dataclasses
 from typing import Callable
 
 from mla_fuse_conformance.cases import tensors
-from mla_fuse_conformance.commands.conformance_map.property_map import _base, search
+from mla_fuse_conformance.commands.conformance_map.diagnosis import _base
+from mla_fuse_conformance.commands.conformance_map.property_map import search
 from mla_fuse_conformance.declarations.operations import CACHING_OPERATIONS
 from mla_fuse_conformance.running import recording
 

@@ -28,10 +28,10 @@ from hypothesis.errors import FlakyFailure, Unsatisfiable, UnsatisfiedAssumption
 from mla_fuse_conformance.settings import profiles
 from mla_fuse_conformance.running import failure_text, recording
 from mla_fuse_conformance.cases import types as case_types
-from mla_fuse_conformance.cases.types import BadInputCase
 from mla_fuse_conformance.running.executor import ChildNotProvided
 from mla_fuse_conformance.cases.features import AXIS, axes_for, describe, features
 from mla_fuse_conformance.commands.conformance_map import diagnosis as diagnosing
+from mla_fuse_conformance.commands.conformance_map.diagnosis import _base
 from mla_fuse_conformance.commands.conformance_map import known_cells
 from mla_fuse_conformance.commands.conformance_map import refinement
 from mla_fuse_conformance.commands.conformance_map.admits import admitted
@@ -122,10 +122,6 @@ class PropertyMap:
                               f"{count}" for value, count in counts.items())
             out.append(f"  passes  {axis}: {shown}")
         return out
-
-
-def _base(case):
-    return case.base if isinstance(case, BadInputCase) else case
 
 
 def matches(cell: dict[str, str], found: dict[str, str]) -> bool:
