@@ -26,7 +26,17 @@ CACHE = "test_mla:test_mla_cache_write_matches_reference"
 FUSED = "test_mla:test_fused_mla_matches_reference"
 DEPLOYED = "test_deployments:test_rotary_embedding_in_deployment"
 PLANTED = '''
+import os
+import time
+
 from mla_fuse_conformance.mutants.kernels import MUTANTS
+
+SLOW = "slow"  # a file in the working directory naming an operation: each call of it takes a minute
+
+
+def slow(operation):
+    if os.path.exists(SLOW) and open(SLOW).read() == operation:
+        time.sleep(60)
 
 
 class RopeAndCacheBugs(MUTANTS["sin_sign_flipped"]):
@@ -34,7 +44,12 @@ class RopeAndCacheBugs(MUTANTS["sin_sign_flipped"]):
 
     name = "rope-and-cache-bugs"
 
+    def rotary_embedding(self, *args, **kwargs):
+        slow("rotary_embedding")
+        return super().rotary_embedding(*args, **kwargs)
+
     def concat_and_cache_mla(self, *args, **kwargs):
+        slow("concat_and_cache_mla")
         return MUTANTS["mla_regions_swapped"]().concat_and_cache_mla(*args, **kwargs)
 '''
 
@@ -66,7 +81,8 @@ def signal_at(child: subprocess.Popen, wanted, timeout: float = 600) -> tuple[in
 
 def test_a_sigterm_during_the_map_leaves_the_report_of_what_was_mapped_and_the_properties_verdict(tmp_path):
     """report.json is read when each of two maps starts (written before the map, rewritten after each
-    map: what a SIGKILL would leave), then SIGTERM when the second starts: the first map is in the
+    map: what a SIGKILL would leave), then SIGTERM when the second starts, its operation made to take a
+    minute a call (so that map is surely running, a case in the executor): the first map is in the
     report, the second listed as not mapped, exit 1 (the properties failed). Planted: without the
     early write (verify/run.py's ``publish`` before the map) the first read finds no report."""
     reports, seen = tmp_path / "reports", []
@@ -75,12 +91,16 @@ def test_a_sigterm_during_the_map_leaves_the_report_of_what_was_mapped_and_the_p
         if line.startswith("mla-fuse verify: mapping ") and line.rstrip().endswith(" ..."):
             seen.append(json.loads((reports / "report.json").read_text()))
             assert (reports / "report.html").exists() and (reports / "summary.md").exists()
+            if len(seen) == 1:  # the other property's operation takes a minute a call: its map is running
+                other = "concat_and_cache_mla" if ROPE in line else "rotary_embedding"
+                (tmp_path / "slow").write_text(other)
         return len(seen) == 2
 
     code, out = signal_at(start_verify(tmp_path, "--map-rounds", "1"), at_the_second_map)
     assert [(found["verdict"], found["run"]["map"]["mapped"], found["run"]["map"]["running"]) for found in seen] == [
         ("FAIL", 0, True), ("FAIL", 1, True)], out
     assert code == 1, out
+    assert not running_with(str(reports)), "the map's executor (in its minute-long case) outlived verify"
     report = json.loads((reports / "report.json").read_text())
     phase = report["run"]["map"]
     assert phase["properties"] == 2 and phase["mapped"] == 1 and phase["stopped"] == "SIGTERM", phase
