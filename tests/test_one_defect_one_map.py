@@ -120,3 +120,31 @@ def test_the_heat_map_colours_every_value_the_condition_admits():
     row = {(square.axis, square.value): square for square in squares(report, ["concat_and_cache_mla"], {})[0]}
     assert row[("kv_cache_dtype", "fp8_e4m3")].colour != PASSING and row[("padding", "some")].colour != PASSING
     assert row[("kv_cache_dtype", "auto")].colour == PASSING and row[("padding", "all")].colour == PASSING
+
+
+def test_a_carried_cell_confirmed_by_the_test_run_is_not_run_again_in_the_search():
+    """Confirmed with the property test's failing case inside it, the carried cell's cases are left out
+    of the search unrun (rejected before the kernel runs): the only runs inside it are that one case
+    and the rate's sample. Planted: without the test run's failing cases (``known``) nothing is
+    confirmed before the search, which then runs every fp8 example of the covering array."""
+    from mla_fuse_conformance.cases.interactions import interaction_cases
+
+    found = []
+    mapped([MLA_WRITE], fake_kernel(fp8_write), found)
+    failing = next(case for case in interaction_cases("concat_and_cache_mla") if fp8_write(case))
+    inside = []
+
+    def counting(case, *args):
+        inside.append(fp8_write(case))
+        return fake_kernel(fp8_write)(case, *args)
+
+    def runs_inside(known):
+        inside.clear()
+        result = map_property(property_named(MLA_INTERACTIONS), load_implementation("reference"), "cpu", counting,
+                              max_examples=40, rounds=4, found=found, known=known)
+        assert [cell.source for cell in result.cells] == ["another property"], result.cells
+        return sum(inside)
+
+    fp8_examples = sum(map(fp8_write, interaction_cases("concat_and_cache_mla")))
+    assert runs_inside((failing,)) <= 1 + diagnosis.RATE_EXAMPLES < fp8_examples
+    assert runs_inside(()) >= fp8_examples

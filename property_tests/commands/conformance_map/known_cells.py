@@ -16,6 +16,11 @@ the cell's condition (``condition.data``) holds for it (``diagnosis.inside``). T
 - every other example counts as it does without a baseline: one outside every known cell, one
   inside that passes, and one inside that fails another way (a new failure in a known cell).
 
+A cell found for another property of the same run (``found_by``: one defect, one map) is sorted
+the same way, and first confirmed with the property test's failing cases inside it
+(``Sorter.confirm_found``); once confirmed, the examples inside it are left out unrun (rejected
+before the kernel runs), as the map's own cells are once found.
+
 So the map's searches, shrinking, diagnosis and rates see only what the baseline does not
 explain: a new bug is mapped from its own failures and gets its own id, and a confirmed known
 cell keeps the baseline's id and condition. A known cell no example of the map confirmed is tried
@@ -95,6 +100,20 @@ class Sorter:
     def __init__(self, run_example: Callable, rotates: bool, entries: list[dict]) -> None:
         self.run_example, self.rotates = run_example, rotates
         self.known = [KnownCell(entry) for entry in entries]
+        self.left_out: list[KnownCell] = []  # cells of other properties confirmed before the search
+
+    def confirm_found(self, tried: tuple) -> None:
+        """Confirm each cell found for another property with the property test's failing cases inside
+        it (``tried``; the first that fails the cell's way confirms it). A confirmed cell's cases are
+        then left out of the map unrun, as the map's own cells are once found: one defect is confirmed
+        with a few cases, not run again in every property it breaks."""
+        for known in self.known:
+            for case in tried if known.entry.get("found_by") is not None else ():
+                if known.case is not None:
+                    break
+                if known.holds(case, self.rotates, lambda case=case: diagnosing.relations_of(case)):
+                    self.rerun(known, case)
+        self.left_out = [known for known in self.known if known.entry.get("found_by") is not None and known.case]
 
     def inside(self, case) -> list[KnownCell]:
         cached: list = []
@@ -108,6 +127,9 @@ class Sorter:
 
     def __call__(self, case, *args):
         cells = self.inside(case) if self.known else []
+        confirmed = [known for known in cells if known in self.left_out]
+        if confirmed:
+            raise UnsatisfiedAssumption(f"inside {confirmed[0].entry['id']}, confirmed for another property: not run")
         try:
             return self.run_example(case, *args)
         except diagnosing.FAILURES as error:

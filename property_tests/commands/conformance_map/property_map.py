@@ -255,6 +255,7 @@ def map_property(prop, impl, device, run_example: Callable, max_examples: int, r
     entries = [*baseline, *(entry for entry in found if known_cells.applies(entry, prop))]
     sorter = known_cells.Sorter(run_example, prop.rotates, entries)
     run_example = sorter if entries else run_example
+    sorter.confirm_found(known)
     cells: list[Cell] = []
     exclude: list[dict] = []
     passing: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)

@@ -10,6 +10,7 @@ value and per rare event) and ``deployments`` (one verdict per named deployment)
 from __future__ import annotations
 
 import collections
+import functools
 import dataclasses
 import pathlib
 import re
@@ -89,6 +90,7 @@ def axis_counts(outcomes: list[dict], spec: str) -> dict[str, collections.Counte
     return counts
 
 
+@functools.lru_cache(maxsize=None)
 def applicable_values(prop) -> dict[str, set[str]]:
     """Per axis, the values the property's explicit examples have or reach by ``Axis.set`` (an
     axis whose values are only drawn, such as a view into a pool, is not reached this way: those
@@ -98,8 +100,9 @@ def applicable_values(prop) -> dict[str, set[str]]:
     found: dict[str, set[str]] = collections.defaultdict(set)
     for case in prop.examples:
         for axis in axes_for(prop.rotates):
-            if axis.of(case) is not None:
-                found[axis.name].update(value for value in axis.values if axis.set(case, value) is not None)
+            if axis.of(case) is not None:  # only the values no example before reached (Axis.set is slow)
+                found[axis.name].update(value for value in axis.values
+                                        if value not in found[axis.name] and axis.set(case, value) is not None)
     return found
 
 
@@ -110,13 +113,14 @@ def axes_coverage(outcomes: list[dict], impl) -> dict[str, dict[str, int]]:
     from mla_fuse_conformance.running.harness import all_properties
 
     counts = axis_counts(outcomes, impl.spec)
-    properties, expected = all_properties(), collections.defaultdict(set)
+    properties, expected, ran = all_properties(), collections.defaultdict(set), {}
     for line in outcomes:
         metrics = line.get("metrics") or {}
         path, _, function = line["nodeid"].partition("::")
         prop = properties.get(f"{pathlib.PurePath(path).stem}:{function.partition('[')[0]}")
-        if metrics.get("impl") != impl.spec or prop is None or prop.needs_input_checks:
-            continue
+        if metrics.get("impl") == impl.spec and prop is not None and not prop.needs_input_checks:
+            ran[prop.name] = prop  # once per property, not per test (its values take milliseconds an example)
+    for prop in ran.values():
         for axis, values in applicable_values(prop).items():
             expected[axis].update(value for value in values if all(
                 value in impl.caps(op).allowed(axis, None) for op in prop.operations))
