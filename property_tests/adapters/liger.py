@@ -127,7 +127,7 @@ class LigerImplementation:
         self.interpreted = mla_fuse_kernels.INTERPRETED
         self.rope_forward = load_rope(package, self.interpreted, source)
         backend = "Triton interpreter, exact bf16" if self.interpreted else "GPU"
-        self.name = f"liger ({KERNEL_NAME}, {backend})"
+        self.name = f"liger (liger_kernel/{ROPE_FILE} {KERNEL_NAME}, {backend})"
         self.version = package_version(package)
         self.kernel_file = str(package / ROPE_FILE)
 
