@@ -67,7 +67,8 @@ def liger(liger_root, monkeypatch):
 
 
 def _table(rotary_dim, dtype, rows=32):
-    angles = torch.arange(rows, dtype=torch.float64)[:, None] * 10000.0 ** (-torch.arange(0, rotary_dim, 2) / rotary_dim)
+    inv_freq = 10000.0 ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
+    angles = torch.arange(rows, dtype=torch.float64)[:, None] * inv_freq
     return torch.cat([angles.cos(), angles.sin()], dim=-1).to(dtype).to(DEVICE)
 
 
