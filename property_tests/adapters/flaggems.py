@@ -35,7 +35,8 @@ alone under the file's name and line numbers with the real ``triton`` and ``tl``
 
 Backend: the one ``mla_fuse.kernels`` chose for the process (``InterpretedFunction`` or ``JITFunction``); no
 setting changes. Under the interpreter the fp8 conversions are made exact (``exact_interpreter_casts``,
-triton#8322), as for vllm-triton; on a GPU nothing is replaced.
+triton#8322), as for vllm-triton, and the rope's fp32 -> bf16 store rounds to nearest even as on a GPU
+(the interpreter truncates); on a GPU nothing is replaced.
 
 The glue mirrors FlagGems' wrappers statement by statement; what it bypasses or adds:
 

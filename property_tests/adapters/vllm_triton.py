@@ -46,8 +46,9 @@ codes or NaN at random) and flushes bfloat16 subnormals to zero when it widens t
 the division. A verdict must not blame vLLM for that, so during each interpreted launch, and only
 then, the adapter replaces the interpreter's float conversion function for exactly these cases:
 bf16 -> fp32 (exact: the bits shifted) and fp32/fp16/bf16 -> fp8 E4M3FN/E5M2 rounded to nearest
-even (torch's conversion after clamping to the finite max: satfinite, NaN kept). Every other
-conversion goes to Triton's own. What is judged is vLLM's arithmetic (the fp32 division), its
+even (torch's conversion after clamping to the finite max: satfinite, NaN kept); the same shared
+context also rounds fp32 -> bf16 to nearest even and computes bf16 arithmetic on values (added for
+``--impl liger``; this kernel does neither). Every other conversion goes to Triton's own. What is judged is vLLM's arithmetic (the fp32 division), its
 addressing and the format it chooses, not Triton's interpreter. Chosen over declaring fp8
 unjudgeable because the wrapper's choice of format (``fp8_dtype()``, below) is only visible on the
 fp8 path. ``tests/test_vllm_triton.py`` shows the replacement is needed (the interpreter's own casts

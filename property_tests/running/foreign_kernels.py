@@ -1,8 +1,8 @@
 """Running Triton kernels other projects ship, from their source files, with the real Triton.
 
 Shared by the adapters that verify a third party's Triton kernels (``adapters/vllm_triton.py``,
-``adapters/flaggems.py``; adapters are leaves and import no other adapter, so what they share lives
-here). Two pieces:
+``adapters/flaggems.py``, ``adapters/liger.py``; adapters are leaves and import no other adapter, so
+what they share lives here). Two pieces:
 
 ``load_jit_functions`` parses a kernel file with ``ast``, takes the named function definitions,
 checks their decorators are exactly the ones expected, drops them, and compiles those definitions
@@ -12,15 +12,26 @@ for: an ``InterpretedFunction`` or a ``JITFunction``, what ``@triton.jit`` would
 reads the source back through ``inspect`` from that file, so its errors point at the project's own
 lines. Nothing of the project is imported; ``sys.modules`` and ``os.environ`` are not touched.
 ``source`` replaces the file's text (a planted kernel in the tests), registered with ``linecache``
-under a name of its own, where Triton reads it back.
+under a name of its own, where Triton reads it back. ``load_functions`` compiles plain functions of
+a file the same way (a project's launch wrapper, run as its project wrote it, with the kernel built
+here handed in as a global).
 
 ``exact_interpreter_casts``: Triton's interpreter converts floats to fp8 wrongly
 (triton-lang/triton#8322: ties rounded up, 500 stored as 256, overflow and NaN stored as finite
-codes or NaN at random) and flushes bfloat16 subnormals to zero when it widens them to fp32. On a
-GPU these conversions are Triton's code generation: round to nearest even, saturating at the finite
-max (what CONTRACT §3 asks). Within the context, the interpreter's float conversion is replaced for
-exactly bf16 -> fp32 (the bits shifted) and fp32/fp16/bf16 -> fp8 E4M3FN/E5M2 (torch's round to
-nearest even after clamping to the finite max; NaN kept); every other conversion is Triton's own.
+codes or NaN at random), flushes bfloat16 subnormals to zero when it widens them to fp32, and
+narrows fp32 (and fp16, through fp32) to bfloat16 by truncating: 1 + 2^-8 + 2^-10 is stored as 1.0
+where a GPU stores 1.0078125. It also holds bfloat16 as its uint16 bits and runs arithmetic on
+those bits (``x * y`` of two bfloat16 tensors multiplies the bit patterns; Triton's debugging guide:
+the interpreter "does not support operations on bfloat16", triton#10919). On a GPU these are
+Triton's code generation: conversions round to nearest even, fp8 saturating at the finite max (what
+CONTRACT §3 asks), and bfloat16 add, sub and mul are correctly rounded. Within the context, the
+interpreter does these exactly: bf16 -> fp32 (the bits shifted); fp32 -> bf16 in its default
+rounding (torch's round to nearest even; an explicit ``fp_downcast_rounding="rtz"`` still truncates);
+fp32/fp16/bf16 -> fp8 E4M3FN/E5M2 (torch's round to nearest even after clamping to the finite max;
+NaN kept); and elementwise binary and unary operations on bfloat16 operands (computed on their fp32
+values, the result rounded to nearest even: for add, sub and mul the correctly rounded bf16 result).
+Every other conversion and operation is Triton's own; ``tl.fma``, ``tl.dot`` and reductions of
+bfloat16 are not corrected (no adapted kernel uses them).
 """
 
 from __future__ import annotations
@@ -49,6 +60,24 @@ def load_jit_functions(path: pathlib.Path, decorated: dict[str, list[str]], name
     missing, repeated or decorated otherwise raises ImportError naming the file, so a changed file is
     not launched differently from how its project launches it. ``namespace`` holds the globals the
     definitions see (copied; ``__name__`` is set to the file's name)."""
+    scope = _compiled(path, decorated, namespace, source)
+    if interpreted:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        return {name: InterpretedFunction(scope[name]) for name in decorated}
+    return {name: triton.runtime.jit.JITFunction(scope[name]) for name in decorated}
+
+
+def load_functions(path: pathlib.Path, names: tuple[str, ...], namespace: dict, source: str | None = None) -> dict:
+    """Name -> the plain (undecorated) Python function of that name in ``path``, compiled together with
+    the globals of ``namespace`` (a project's launch wrapper, run as written: its kernel is handed in
+    through ``namespace``). A definition missing, repeated or decorated raises ImportError."""
+    scope = _compiled(path, {name: [] for name in names}, namespace, source)
+    return {name: scope[name] for name in names}
+
+
+def _compiled(path: pathlib.Path, decorated: dict[str, list[str]], namespace: dict, source: str | None) -> dict:
+    """The globals after compiling the named definitions of ``path`` alone (decorators checked, dropped)."""
     filename = str(path)
     if source is not None:
         filename = f"{path} (planted)"
@@ -68,11 +97,7 @@ def load_jit_functions(path: pathlib.Path, decorated: dict[str, list[str]], name
         nodes.append(found[0])
     scope = {**namespace, "__name__": f"foreign_kernel:{path}"}
     exec(compile(ast.Module(body=nodes, type_ignores=[]), filename, "exec"), scope)
-    if interpreted:
-        from triton.runtime.interpreter import InterpretedFunction
-
-        return {name: InterpretedFunction(scope[name]) for name in decorated}
-    return {name: triton.runtime.jit.JITFunction(scope[name]) for name in decorated}
+    return scope
 
 
 def module_constants(path: pathlib.Path, names: tuple[str, ...], namespace: dict) -> dict:
@@ -105,6 +130,12 @@ def _widened(data: np.ndarray, dtype) -> np.ndarray:
     return data.astype(np.float32)
 
 
+def _bf16_bits(values: np.ndarray) -> np.ndarray:
+    """float32 ``values`` rounded to nearest even as bfloat16, held as the interpreter holds it (uint16)."""
+    wide = torch.from_numpy(np.array(values, dtype=np.float32).reshape(-1))  # a copy: frombuffer is read-only
+    return wide.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16).reshape(np.shape(values))
+
+
 def exact_convert_float(original, data, input_dtype, output_dtype, rounding_mode):
     """Triton's ``interpreter._convert_float`` with the conversions above done exactly (module
     docstring); any other conversion goes to ``original``."""
@@ -112,6 +143,8 @@ def exact_convert_float(original, data, input_dtype, output_dtype, rounding_mode
 
     if input_dtype == tl.bfloat16 and output_dtype == tl.float32:
         return _widened(data, input_dtype).view(np.uint32)
+    if input_dtype == tl.float32 and output_dtype == tl.bfloat16 and rounding_mode in (None, ir.ROUNDING_MODE.RTNE):
+        return _bf16_bits(np.frombuffer(data.tobytes(), dtype=np.float32).reshape(data.shape))
     fp8 = TRITON_FP8.get(output_dtype)
     if (fp8 is not None and input_dtype in (tl.float32, tl.float16, tl.bfloat16)
             and rounding_mode in (None, ir.ROUNDING_MODE.RTNE)):
@@ -121,14 +154,44 @@ def exact_convert_float(original, data, input_dtype, output_dtype, rounding_mode
     return original(data, input_dtype, output_dtype, rounding_mode)
 
 
+def _bf16_binary_op(builder, original, lhs, rhs, op):
+    """``InterpreterBuilder.binary_op`` computing on the values of bfloat16 operands (module docstring)."""
+    if lhs.dtype.scalar != tl.bfloat16 or rhs.dtype.scalar != tl.bfloat16:
+        return original(builder, lhs, rhs, op)
+    from triton.runtime.interpreter import TensorHandle
+
+    result = np.asarray(op(_widened(lhs.data, tl.bfloat16), _widened(rhs.data, tl.bfloat16)))
+    return TensorHandle(_bf16_bits(result) if result.dtype == np.float32 else result, tl.bfloat16)
+
+
+def _bf16_unary_op(builder, original, arg, op):
+    """``InterpreterBuilder.unary_op`` computing on the values of a bfloat16 operand."""
+    if arg.dtype.scalar != tl.bfloat16:
+        return original(builder, arg, op)
+    from triton.runtime.interpreter import TensorHandle
+
+    result = np.asarray(op(_widened(arg.data, tl.bfloat16)))
+    return TensorHandle(_bf16_bits(result) if result.dtype == np.float32 else result, tl.bfloat16)
+
+
 @contextlib.contextmanager
 def exact_interpreter_casts():
-    """Within: the interpreter converts as ``exact_convert_float`` (restored on exit)."""
+    """Within: the interpreter converts as ``exact_convert_float`` and computes on bfloat16 values
+    (module docstring); restored on exit."""
     from triton.runtime import interpreter
 
-    original = interpreter._convert_float
-    interpreter._convert_float = functools.partial(exact_convert_float, original)
+    builder = interpreter.InterpreterBuilder
+    originals = interpreter._convert_float, builder.binary_op, builder.unary_op
+
+    def binary_op(self, lhs, rhs, op):
+        return _bf16_binary_op(self, originals[1], lhs, rhs, op)
+
+    def unary_op(self, arg, op):
+        return _bf16_unary_op(self, originals[2], arg, op)
+
+    interpreter._convert_float = functools.partial(exact_convert_float, originals[0])
+    builder.binary_op, builder.unary_op = binary_op, unary_op
     try:
         yield
     finally:
-        interpreter._convert_float = original
+        interpreter._convert_float, builder.binary_op, builder.unary_op = originals
