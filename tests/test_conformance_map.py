@@ -152,6 +152,28 @@ def test_a_hung_example_is_killed_and_the_next_gets_a_new_child(user_dir, monkey
         assert executor.process.pid != first
 
 
+def test_an_example_running_when_the_callers_budget_is_spent_is_killed_and_is_no_outcome(user_dir, monkeypatch):
+    """``verify --map-seconds``: a hanging example is given the budget left, not its 120 s, and is
+    neither a hang nor a crash; none left, no example starts. Planted: ``Executor._ask`` without
+    ``budget`` waits the example's own limit and raises Hung."""
+    import time
+
+    from mla_fuse_conformance.running.executor import OutOfTime
+
+    monkeypatch.setenv("MLA_FUSE_EXAMPLE_TIMEOUT", "60")
+    prop = property_named(ROPE_PROPERTY)
+    with Executor("adapters_here:HangsOnRank2", "cpu") as executor:
+        executor.run(prop.name, RANK3, budget=60)  # a budget longer than the example: runs as before
+        started = time.monotonic()
+        with pytest.raises(OutOfTime):
+            executor.run(prop.name, RANK2, budget=2)
+        assert time.monotonic() - started < 30 and executor.process is None and executor.crashes == 0
+        with pytest.raises(OutOfTime):
+            executor.run(prop.name, RANK3, budget=0)
+        assert executor.process is None  # not started
+        executor.run(prop.name, RANK3)
+
+
 @pytest.mark.parametrize("spec, outcome", [("adapters_here:DeclaresInt64Only", "handled"),
                                            ("adapters_here:RejectsInt32", "confirmed")])
 def test_a_declared_limit_is_checked_with_cases_just_outside_it(user_dir, spec, outcome):

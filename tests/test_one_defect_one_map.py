@@ -148,3 +148,23 @@ def test_a_carried_cell_confirmed_by_the_test_run_is_not_run_again_in_the_search
     fp8_examples = sum(map(fp8_write, interaction_cases("concat_and_cache_mla")))
     assert runs_inside((failing,)) <= 1 + diagnosis.RATE_EXAMPLES < fp8_examples
     assert runs_inside(()) >= fp8_examples
+
+
+def test_a_map_out_of_time_mid_round_keeps_the_cells_it_completed():
+    """``verify --map-seconds`` spent during a round (``OutOfTime`` from ``run_example``, as
+    ``Executor.run`` raises it): the map stops there, its completed cell kept, marked stopped at
+    the budget; the cell being derived is dropped, not reported half-diagnosed."""
+    from mla_fuse_conformance.running.executor import OutOfTime
+
+    steps = []
+
+    def run(case, *args):
+        if any(step.startswith("round 2/") for step in steps):
+            raise OutOfTime()
+        fake_kernel(fp8_write, fused_neox)(case, *args)
+
+    result = map_property(property_named(MLA_FUSED), load_implementation("reference"), "cpu", run, max_examples=40,
+                          rounds=4, on_step=steps.append)
+    assert result.stopped == "budget" and not result.complete, (result.stopped, steps)
+    assert len(result.cells) == 1 and result.cells[0].features, result.cells
+    assert "stopped at the map's time budget" in result.lines()[0], result.lines()

@@ -48,6 +48,12 @@ class Hung(Crashed):
         self.how = f"hung: no result in {seconds:g} s"
 
 
+class OutOfTime(BaseException):
+    """The caller's time budget ran out (``verify --map-seconds``), before or while an example ran:
+    the map stops where it is. Not the example's outcome (no crash, no hang counted), and a
+    BaseException, as KeyboardInterrupt: hypothesis and ``except Exception`` let it through."""
+
+
 class RaisedInChild(Exception):
     """The implementation raised ``original_type`` (not an assertion of the suite)."""
 
@@ -125,14 +131,18 @@ class Executor:
             self.process.kill()
             self._discard()
 
-    def run(self, prop_name: str, case, within_limits: bool = True) -> None:
+    def run(self, prop_name: str, case, within_limits: bool = True, budget: float | None = None) -> None:
         """Run one example; raise what it raised (see the module docstring), inside hypothesis too.
-        ``within_limits=False``: a case outside the declared limits, on purpose (limit checks)."""
+        ``within_limits=False``: a case outside the declared limits, on purpose (limit checks).
+        ``budget``: the seconds the caller has left; an example still running when they are spent is
+        killed and ``OutOfTime`` raised (none left: raised before it starts)."""
         from mla_fuse_conformance.running.harness import property_named
 
+        if budget is not None and budget <= 0:
+            raise OutOfTime()
         factor = getattr(property_named(prop_name), "timeout_factor", 1)  # compile examples take longer
         self._ask({"property": prop_name, "case": case_types.to_jsonable(case), "within_limits": within_limits},
-                  recording.example_timeout() * factor or None)
+                  recording.example_timeout() * factor or None, budget)
 
     def outputs(self, operation: str, case) -> dict:
         """Run ``operation`` on ``case`` as it is (no projection) against the reference; raise like
@@ -140,12 +150,15 @@ class Executor:
         return self._ask({"operation": operation, "case": case_types.to_jsonable(case)},
                          recording.example_timeout() or None)["outputs"]
 
-    def _ask(self, request: dict, timeout: float | None) -> dict:
+    def _ask(self, request: dict, timeout: float | None, budget: float | None = None) -> dict:
         """Send ``request`` to the child; its reply, or the exception the outcome stands for."""
         if self.process is None or not self.process.is_alive():
             self._start()
         try:
             self.connection.send(request)
+            if budget is not None and (timeout is None or budget < timeout) and not self.connection.poll(budget):
+                self.kill()  # the caller's time, not the example's: no outcome
+                raise OutOfTime()
             if not self.connection.poll(timeout):
                 self.process.kill()
                 self._discard()

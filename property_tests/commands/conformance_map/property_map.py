@@ -28,7 +28,7 @@ from hypothesis.errors import FlakyFailure, Unsatisfiable, UnsatisfiedAssumption
 from mla_fuse_conformance.settings import profiles
 from mla_fuse_conformance.running import failure_text, recording
 from mla_fuse_conformance.cases import types as case_types
-from mla_fuse_conformance.running.executor import ChildNotProvided
+from mla_fuse_conformance.running.executor import ChildNotProvided, OutOfTime
 from mla_fuse_conformance.cases.features import AXIS, axes_for, describe, features
 from mla_fuse_conformance.commands.conformance_map import diagnosis as diagnosing
 from mla_fuse_conformance.commands.conformance_map.diagnosis import _base
@@ -76,7 +76,7 @@ class PropertyMap:
     examples: int
     complete: bool  # the last search passed: no failing cell left outside those found
     error: str | None = None  # why the map could not be finished (verify goes on with the others)
-    stopped: str | None = None  # "budget": its rounds stopped when verify's --map-seconds was spent
+    stopped: str | None = None  # "budget": stopped when verify's --map-seconds was spent
     note: str | None = None  # why there is no failing cell although the property failed
 
     def merged(self) -> list[list[Cell]]:
@@ -251,43 +251,47 @@ def map_property(prop, impl, device, run_example: Callable, max_examples: int, r
     ``found_by``), sorted out the same way and, where one is confirmed here, carried with the rate
     measured here instead of derived again (one defect, one map);
     ``on_step``: told each step (``round 2/6, cell 3: CONDITION (fails 4/4)``) as it starts;
-    ``out_of_time``: asked before each round after the first; true stops the map there."""
+    ``out_of_time``: asked before each round after the first; true stops the map there. A
+    ``running.executor.OutOfTime`` from ``run_example`` stops it where it is, the cells complete so
+    far kept."""
     entries = [*baseline, *(entry for entry in found if known_cells.applies(entry, prop))]
     sorter = known_cells.Sorter(run_example, prop.rotates, entries)
     run_example = sorter if entries else run_example
-    sorter.confirm_found(known)
     cells: list[Cell] = []
     exclude: list[dict] = []
     passing: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-    examples, complete, stopped = 0, False, None
+    examples, complete, stopped, carried, note = 0, False, None, [], None
     strategy = prop.strategy_for(impl)
-    for number in range(1, rounds + 1):
-        if number > 1 and out_of_time():
-            stopped = "budget"
-            break
-        on_step(f"round {number}/{rounds}, searching")
-        case, error, passed = search(prop, strategy, run_example, exclude, max_examples,
-                                     conditions=tuple(c.diagnosis["condition"] for c in cells if c.diagnosis))
-        examples += len(passed) + (case is not None)
-        for seen in passed:
-            for axis, value in seen.items():
-                passing[axis][value] += 1
-        if case is None:
-            complete = True
-            break
-        head = f"round {number}/{rounds}, cell {len(cells) + 1}"
-        cells.append(_cell(prop, impl, device, run_example, strategy, case, error,
-                           on_step=lambda text, head=head: on_step(f"{head}: {text}")))
-        exclude.append(cells[-1].features)
-        if not cells[-1].features:  # every case tried fails: nothing left to map
-            complete = True
-            break
-    carried = [_carried(prop, impl, device, cell, strategy, sorter.run_example, on_step)
-               for cell in sorter.confirm(known)] if entries else []
-    note = None
-    if not cells and not carried:
-        outside = tuple(case for case in known if not sorter.inside(case))
-        note = _known_failures(prop, impl, device, run_example, strategy, outside, cells, examples)
+    try:
+        sorter.confirm_found(known)
+        for number in range(1, rounds + 1):
+            if number > 1 and out_of_time():
+                stopped = "budget"
+                break
+            on_step(f"round {number}/{rounds}, searching")
+            case, error, passed = search(prop, strategy, run_example, exclude, max_examples,
+                                         conditions=tuple(c.diagnosis["condition"] for c in cells if c.diagnosis))
+            examples += len(passed) + (case is not None)
+            for seen in passed:
+                for axis, value in seen.items():
+                    passing[axis][value] += 1
+            if case is None:
+                complete = True
+                break
+            head = f"round {number}/{rounds}, cell {len(cells) + 1}"
+            cells.append(_cell(prop, impl, device, run_example, strategy, case, error,
+                               on_step=lambda text, head=head: on_step(f"{head}: {text}")))
+            exclude.append(cells[-1].features)
+            if not cells[-1].features:  # every case tried fails: nothing left to map
+                complete = True
+                break
+        for confirmed in sorter.confirm(known) if entries else []:
+            carried.append(_carried(prop, impl, device, confirmed, strategy, sorter.run_example, on_step))
+        if not cells and not carried:
+            outside = tuple(case for case in known if not sorter.inside(case))
+            note = _known_failures(prop, impl, device, run_example, strategy, outside, cells, examples)
+    except OutOfTime:  # verify's --map-seconds spent during a round: the cells complete so far are kept
+        stopped, complete = "budget", False
     order = {axis.name: index for index, axis in enumerate(axes_for(prop.rotates))}
     ordered = {axis: dict(sorted(counts.items(), key=lambda item: AXIS[axis].values.index(item[0])))
                for axis, counts in sorted(passing.items(), key=lambda item: order.get(item[0], 99))}

@@ -3,7 +3,8 @@
 The searching properties are mapped before those of fixed examples, each group the most failing
 tests first. ``--map-rounds`` bounds each map (its
 failing cells), ``--map-seconds`` the whole phase: no map starts once the budget is spent, a map
-running then stops after its round, and the limit checks stop. A SIGTERM or SIGINT (``stopping.py``)
+running then stops where it is (the example running killed: ``Executor.run``'s ``budget``), and
+the limit checks stop. A SIGTERM or SIGINT (``stopping.py``)
 stops the phase where it is. Whatever was not mapped is listed as not mapped (``MapPhase.as_json``:
 report.json's ``run.map``; ``lines``: the console), never dropped.
 """
@@ -161,7 +162,8 @@ def map_one(name, impl, device, executor, outcomes, max_examples, rounds, known_
 
     prop = property_named(name)
     shown.phase(f"mla-fuse verify: mapping {name} ...")
-    run = progress.Counted(lambda case, p=prop: executor.run(p.name, case), shown, f"mapping {name}")
+    run = progress.Counted(lambda case, p=prop: executor.run(p.name, case, budget=deadline - clock()), shown,
+                           f"mapping {name}")
     try:
         known = tuple(case_types.from_jsonable(line["failure"]["case"]) for line in outcomes
                       if (line.get("failure") or {}).get("property") == name and line["failure"].get("case"))
