@@ -127,7 +127,8 @@ def peers_tree(tmp_path: pathlib.Path, packages: tuple[str, ...]) -> dict:
             wheel.writestr(f"{package}/__init__.py", "")
             wheel.writestr(f"{package}-1.0.dist-info/METADATA", "Name: x\n")
     (tmp_path / "exits").mkdir()
-    return {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "CALLS": str(tmp_path / "calls"), "EXITS": str(tmp_path / "exits"),
+    return {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "CALLS": str(tmp_path / "calls"),
+            "EXITS": str(tmp_path / "exits"),
             "MLA_FUSE_INSTALLED": "1", "MLA_FUSE_WHEELS": str(tmp_path / "wheels"), "MLA_FUSE_GPU_STEPS": "peers",
             "MLA_FUSE_LIMIT_peers": "100", "TRITON_CACHE_DIR": str(tmp_path / "triton"), "HOME": str(tmp_path)}
 
@@ -146,14 +147,14 @@ def test_the_gpu_jobs_peers_step_verifies_flaggems_and_liger_from_the_wheels_it_
         out = result.stdout + result.stderr
         assert result.returncode == expected, out
         calls = [line.split(" | ") for line in (tmp_path / "calls").read_text().splitlines()]
-        assert [call[0].split()[:3] for call in calls] == [["verify", "--impl", "flaggems"], ["verify", "--impl", "liger"]]
+        assert [call[0].split()[:3] for call in calls] == [["verify", "--impl", impl] for impl in ("flaggems", "liger")]
         assert all("--profile gpu --report-dir reports/gpu/peers/" in call[0] for call in calls), calls
         assert [call[1].split() for call in calls] == [["flag_gems", "flag_gems-1.0.dist-info"],
                                                        ["liger_kernel", "liger_kernel-1.0.dist-info"]]
-        assert [call[2] for call in calls] == ["reports/gpu/peers/flaggems/failures", "reports/gpu/peers/liger/failures"]
-        for impl, code in zip(("flaggems", "liger"), codes):
-            assert f"{impl}, {impl.replace('flaggems', 'flag_gems').replace('liger', 'liger_kernel')}-1.0-py3-none-any" \
-                   f".whl: verify --profile gpu exit {code} " in out and "past 35 s" in out, out
+        assert [call[2] for call in calls] == [f"reports/gpu/peers/{impl}/failures" for impl in ("flaggems", "liger")]
+        for (impl, package), code in zip((("flaggems", "flag_gems"), ("liger", "liger_kernel")), codes):
+            assert f"{impl}, {package}-1.0-py3-none-any.whl: verify --profile gpu exit {code} " in out, out
+        assert "past 35 s" in out, out  # half the step's 100 s, less 15
         assert ("peers     ok" if expected == 0 else "peers     FAILED (1)") in out, out
     (tmp_path / "wheels" / "liger_kernel-1.0-py3-none-any.whl").unlink()
     (tmp_path / "exits" / "liger").write_text("0")

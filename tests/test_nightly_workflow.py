@@ -104,7 +104,8 @@ def test_the_third_party_adapters_run_nightly_each_on_a_cpu_runner_of_its_own():
     assert "gpu" not in job["runs-on"] and job["strategy"]["fail-fast"] is False
     assert job["env"]["MLA_FUSE_PROPERTY_SIZES"] == "small" and job["env"]["MLA_FUSE_HYPOTHESIS_DB"] == ""
     assert job["strategy"]["matrix"]["adapter"] == ADAPTERS and set(ADAPTERS) <= set(registered_names())
-    assert [step["run"] for step in job["steps"] if "run" in step] == ["bash ci/nightly.sh adapters ${{ matrix.adapter }}"]
+    commands = [step["run"] for step in job["steps"] if "run" in step]
+    assert commands == ["bash ci/nightly.sh adapters ${{ matrix.adapter }}"]
     upload = next(step for step in job["steps"] if step.get("uses", "").startswith("actions/upload-artifact"))
     assert upload["if"] == "always()" and upload["with"]["path"] == "reports/adapters/${{ matrix.adapter }}"
     assert 'adapters) shift; exec bash ci/adapters_report.sh "$@" ;;' in SCRIPT.read_text()
@@ -119,7 +120,8 @@ def test_the_adapters_verify_command_is_one_mla_fuse_accepts():
     text = ADAPTERS_SCRIPT.read_text().replace("\\\n", " ")
     [line] = [line.split("mla-fuse ", 1)[1].split(">", 1)[0] for line in text.splitlines()
               if " mla-fuse verify --impl " in line and not line.lstrip().startswith(("#", "echo"))]
-    for name, value in {'"$impl"': "liger", '"${MLA_FUSE_ADAPTERS_PROFILE:-ci}"': "ci", '"$out"': "reports/adapters/liger",
+    for name, value in {'"$impl"': "liger", '"${MLA_FUSE_ADAPTERS_PROFILE:-ci}"': "ci",
+                        '"$out"': "reports/adapters/liger",
                         '"$out/known-failures.txt"': "reports/adapters/liger/known-failures.txt",
                         '"${extra[@]}"': "-n 1 -- -k deployment"}.items():
         assert name in line, name
