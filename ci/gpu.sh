@@ -17,9 +17,15 @@
 #             (on an empty Triton cache an H200 ran 160 of its 250 properties in 6 minutes:
 #             keep the cache between runs, or give a cold run MLA_FUSE_LIMIT_verify=600)
 #   test      the suite (gpu profile) and the tests/ files that run on the kernels' device     480 s
+#   peers     the third-party Triton kernels natively (docs/THIRD_PARTY.md): mla-fuse verify    300 s
+#             --impl flaggems, then --impl liger, gpu profile, each under half the step's limit
+#             (reports/gpu/peers/<impl>/); their wheels from $MLA_FUSE_WHEELS (else pip download),
+#             unpacked into a temporary directory named by MLA_FUSE_FLAGGEMS_PATH / MLA_FUSE_LIGER_PATH
+#             (read, never imported). A failing kernel is the finding; the step fails when a verify
+#             could not run (exit 2), ran past its share (124) or a wheel is missing
 #
 # MLA_FUSE_GPU_STEPS     the steps, in order (default: "dispatch bench compile repro verify", 855 s
-#                        of limits: one 15-minute job; keys and test are for a job of their own)
+#                        of limits: one 15-minute job; keys, test and peers are for a job of their own)
 # MLA_FUSE_STEP_SECONDS  one limit for every step instead of the defaults above, and
 # MLA_FUSE_LIMIT_<step>  one step's limit (MLA_FUSE_LIMIT_verify=300); a step past its limit counts
 #                        as failed, and what it printed is kept in reports/gpu/<step>.log
@@ -34,8 +40,9 @@
 # Online (default): installs the CUDA build of torch 2.13.0 with the test and bench extras.
 # Offline runner whose python3 already holds a CUDA build of torch (>= 2.11) and triton (>= 3.6):
 #   MLA_FUSE_WHEELS=DIR  installs every wheel in DIR (mla_fuse's: `pip wheel --no-deps -w DIR .`;
-#                        flag-gems, sqlalchemy and greenlet for the FlagGems peer; any of the test
-#                        extra the machine lacks) with no index and no dependencies.
+#                        flag-gems, sqlalchemy and greenlet for the FlagGems peer of the bench step;
+#                        flag-gems and liger-kernel for the peers step, which reads them from DIR; any
+#                        of the test extra the machine lacks) with no index and no dependencies.
 #   MLA_FUSE_INSTALLED=1 installs nothing: python3 already imports mla_fuse and its test extra.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -53,7 +60,7 @@ print("torch", torch.__version__, "triton", triton.__version__, "hypothesis", hy
       "mla_fuse", mla_fuse.__version__, "device", torch.cuda.get_device_name() if torch.cuda.is_available() else "none")' \
   | tee reports/gpu/versions.txt
 
-declare -A LIMIT=([dispatch]=45 [bench]=120 [compile]=150 [keys]=150 [repro]=120 [verify]=420 [test]=480)
+declare -A LIMIT=([dispatch]=45 [bench]=120 [compile]=150 [keys]=150 [repro]=120 [verify]=420 [test]=480 [peers]=300)
 cache_dir=${TRITON_CACHE_DIR:-$HOME/.triton/cache}
 kernels() { find "$1" -name '*.cubin' -o -name '*.hsaco' 2>/dev/null | wc -l; }
 suite=(python3 -m pytest -p no:cacheprovider --pyargs mla_fuse_conformance --mla-fuse-impl=triton)
@@ -81,6 +88,37 @@ step_repro() {  # a planted bug on CUDA: each cell's reproducer must name DEVICE
   [ "${made:-0}" -gt 0 ] && [ "$made" = "$reproduced" ] && [ "$made" = "$cuda" ]
 }
 
+step_peers() {  # FlagGems' and Liger-Kernel's kernels on the GPU, read from their wheels (unpacked, never imported)
+  local unpacked each impl package pin var wheel where out code status=0
+  unpacked=$(mktemp -d)
+  each=$((step_limit > 60 ? step_limit / 2 - 15 : 15))  # each verify's share of the step's limit (both report)
+  for peer in "flaggems flag_gems flag-gems==5.0.2 MLA_FUSE_FLAGGEMS_PATH" \
+              "liger liger_kernel liger-kernel==0.8.5 MLA_FUSE_LIGER_PATH"; do
+    read -r impl package pin var <<< "$peer"
+    if [ -n "${MLA_FUSE_WHEELS:-}" ]; then
+      wheel=$(ls "$MLA_FUSE_WHEELS/$package"-*.whl 2>/dev/null | tail -1)
+      where="in $MLA_FUSE_WHEELS"
+    else
+      wheel=$(python3 -m pip download -q --no-deps "$pin" -d "$unpacked" && ls "$unpacked/$package"-*.whl | tail -1)
+      where="from pip download $pin"
+    fi
+    if [ -z "$wheel" ] || ! python3 -m zipfile -e "$wheel" "$unpacked/$impl"; then
+      echo "summary: $impl: no $package wheel $where"
+      status=1; continue
+    fi
+    out=reports/gpu/peers/$impl
+    rm -rf "$out" && mkdir -p "$out"
+    env "$var=$unpacked/$impl" MLA_FUSE_FAILURE_DIR="$out/failures" timeout --kill-after=10 "$each" \
+      mla-fuse verify --impl "$impl" --profile gpu --report-dir "$out" --map-seconds 60 -n auto > "$out/verify.log" 2>&1
+    code=$?
+    echo "summary: $impl, $(basename "$wheel"): verify --profile gpu exit $code (0 conforms, 1 does not, 2 could not" \
+         "run, 124 past ${each} s); $(grep -a '^verdict: ' "$out/verify.log" | tail -1)"
+    if [ "$code" -ge 2 ]; then status=1; tail -5 "$out/verify.log"; fi  # a failing kernel is the finding
+  done
+  rm -rf "$unpacked"
+  return $status
+}
+
 run_step() {
   case $1 in
     dispatch) python3 benchmarks/bench_validation.py --device cuda --launch ;;
@@ -97,6 +135,7 @@ run_step() {
             after=$(kernels "$cache_dir")
             echo "summary: verify --profile gpu exit $status; $((after - before)) kernels compiled ($after in $cache_dir)"
             return $status ;;
+    peers) step_peers ;;
     test) "${suite[@]}" -n auto --hypothesis-profile=mla_fuse.gpu --junitxml=reports/pytest-gpu.xml; local status=$?
           python3 -m pytest -p no:cacheprovider -n auto --junitxml=reports/pytest-gpu-tests.xml \
             ${MLA_FUSE_GPU_TESTS:-tests/test_kernels.py tests/test_custom_ops.py tests/test_overlap.py \
@@ -105,7 +144,7 @@ run_step() {
   esac
 }
 
-export -f run_step step_keys step_repro kernels  # for the child shell of each step
+export -f run_step step_keys step_repro step_peers kernels  # for the child shell of each step
 export cache_dir
 summary=()
 failed=0
@@ -115,7 +154,8 @@ for step in ${MLA_FUSE_GPU_STEPS:-dispatch bench compile repro verify}; do
   echo "== $step (limit ${limit} s, $(date -u +%H:%M:%S))"
   started=$SECONDS
   # the step in a child shell of its own, so that `timeout` can stop it and everything it started
-  timeout --kill-after=10 "$limit" bash -c "suite=(${suite[*]}); run_step $step" 2>&1 | tee "reports/gpu/$step.log"
+  timeout --kill-after=10 "$limit" bash -c "suite=(${suite[*]}); step_limit=$limit; run_step $step" 2>&1 \
+    | tee "reports/gpu/$step.log"
   status=${PIPESTATUS[0]}
   seconds=$((SECONDS - started))
   verdict=$([ "$status" -eq 0 ] && echo ok || { [ "$status" -eq 124 ] && echo "TIMED OUT" || echo "FAILED ($status)"; })

@@ -8,7 +8,11 @@
 #                               what vLLM 0.33 and SGLang 0.5.23 install (docs/VERSIONS.md)
 #   ci/nightly.sh floor-torch   ci/version_leg.sh floor-torch: torch 2.11.0 (the floor) + triton 3.6.0
 #   ci/nightly.sh newest-torch  ci/version_leg.sh newest-torch: torch 2.15.0 + triton 3.9.0
-# The three torch legs install a CUDA build of torch (several GB) and run on a CPU (Triton's
+#   ci/nightly.sh adapters [IMPL ...]  ci/adapters_report.sh: the third-party Triton kernels (vllm-triton,
+#                               flaggems, liger: default all three), `mla-fuse verify --profile ci` of each on
+#                               its own under Triton's interpreter, reports in reports/adapters/<impl>/; exit
+#                               status 1 only when a verify could not run (a failing kernel is the finding)
+# The three torch legs and the adapters install a CUDA build of torch (several GB) and run on a CPU (Triton's
 # interpreter): the compile passes' unit tests, the kernels' tests and the conformance suite.
 # The shared database is $MLA_FUSE_HYPOTHESIS_DB (redis://[:password@]host:port/db).
 # The campaign installs the CUDA build of torch 2.13.0 (the CPU pin of .ci/run would not see the
@@ -18,6 +22,7 @@ cd "$(dirname "$0")/.."
 case "${1:-}" in
     engine-torch) exec bash ci/version_leg.sh engine ;;
     floor-torch | newest-torch) exec bash ci/version_leg.sh "$1" ;;
+    adapters) shift; exec bash ci/adapters_report.sh "$@" ;;
 esac
 : "${MLA_FUSE_HYPOTHESIS_DB:?set MLA_FUSE_HYPOTHESIS_DB to the shared database (redis://host:port/db)}"
 python3 -m venv .venv && . .venv/bin/activate
@@ -30,6 +35,6 @@ case "${1:-}" in
         mkdir -p reports
         mla-fuse db export reports/fuzz-database.zip --db "$MLA_FUSE_HYPOTHESIS_DB" ;;
     *)
-        echo "usage: ci/nightly.sh campaign|export|engine-torch|floor-torch|newest-torch" >&2
+        echo "usage: ci/nightly.sh campaign|export|engine-torch|floor-torch|newest-torch|adapters [IMPL ...]" >&2
         exit 2 ;;
 esac

@@ -6,6 +6,7 @@ import pathlib
 import re
 import shlex
 import subprocess
+import sys
 
 import yaml
 
@@ -89,3 +90,93 @@ def test_the_torch_legs_run_nightly_on_a_cpu_runner_with_the_ci_sizes():
                       ("newest-torch", r"torch==2\.15\.0 triton==3\.9\.0")):
         assert re.search(leg + r"\)\s*\n\s*pins=\(" + pins + r"\)\s*\n\s*unit_tests=\(\"\$\{PASS_TESTS\[@\]\}\"\)", script), leg
     subprocess.run(["bash", "-n", str(ROOT / "ci" / "version_leg.sh")], check=True)
+
+
+ADAPTERS = ["vllm-triton", "flaggems", "liger"]
+ADAPTERS_SCRIPT = ROOT / "ci" / "adapters_report.sh"
+
+
+def test_the_third_party_adapters_run_nightly_each_on_a_cpu_runner_of_its_own():
+    """The whole ci profile of each third-party adapter (docs/THIRD_PARTY.md) under the interpreter, a matrix
+    entry each, its report uploaded whatever happened."""
+    from mla_fuse_conformance.contract.implementation import registered_names
+
+    job = workflow()["jobs"]["adapters"]
+    assert "gpu" not in job["runs-on"] and job["strategy"]["fail-fast"] is False
+    assert job["env"]["MLA_FUSE_PROPERTY_SIZES"] == "small" and job["env"]["MLA_FUSE_HYPOTHESIS_DB"] == ""
+    assert job["strategy"]["matrix"]["adapter"] == ADAPTERS and set(ADAPTERS) <= set(registered_names())
+    commands = [step["run"] for step in job["steps"] if "run" in step]
+    assert commands == ["bash ci/nightly.sh adapters ${{ matrix.adapter }}"]
+    upload = next(step for step in job["steps"] if step.get("uses", "").startswith("actions/upload-artifact"))
+    assert upload["if"] == "always()" and upload["with"]["path"] == "reports/adapters/${{ matrix.adapter }}"
+    assert 'adapters) shift; exec bash ci/adapters_report.sh "$@" ;;' in SCRIPT.read_text()
+    subprocess.run(["bash", "-n", str(ADAPTERS_SCRIPT)], check=True)
+
+
+def test_the_adapters_verify_command_is_one_mla_fuse_accepts():
+    parser = argparse.ArgumentParser(prog="mla-fuse")
+    commands = parser.add_subparsers(dest="command", required=True)
+    for add in cli.COMMANDS:
+        add(commands)
+    text = ADAPTERS_SCRIPT.read_text().replace("\\\n", " ")
+    [line] = [line.split("mla-fuse ", 1)[1].split(">", 1)[0] for line in text.splitlines()
+              if " mla-fuse verify --impl " in line and not line.lstrip().startswith(("#", "echo"))]
+    for name, value in {'"$impl"': "liger", '"${MLA_FUSE_ADAPTERS_PROFILE:-ci}"': "ci",
+                        '"$out"': "reports/adapters/liger",
+                        '"$out/known-failures.txt"': "reports/adapters/liger/known-failures.txt",
+                        '"${extra[@]}"': "-n 1 -- -k deployment"}.items():
+        assert name in line, name
+        line = line.replace(name, value)
+    args = parser.parse_args(shlex.split(line))
+    assert (args.command, args.impl, args.profile, args.report_dir, args.workers, args.pytest_args) == (
+        "verify", "liger", "ci", pathlib.Path("reports/adapters/liger"), "1", ["-k", "deployment"])
+    assert args.write_known_failures == pathlib.Path("reports/adapters/liger/known-failures.txt")
+
+
+FAKE_MLA_FUSE = """#!/usr/bin/env bash
+echo "$(printf "%q " "$@")| ${MLA_FUSE_FLAGGEMS_PATH:-} | ${MLA_FUSE_LIGER_PATH:-} | $MLA_FUSE_FAILURE_DIR" >> "$CALLS"
+echo "verdict: from $3"
+exit $(cat "$EXITS/$3")
+"""
+
+
+def fake_wheel(path: pathlib.Path, package: str) -> pathlib.Path:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as wheel:
+        wheel.writestr(f"{package}/__init__.py", "")
+    return path
+
+
+def test_the_adapters_script_fails_only_when_a_verify_could_not_run(tmp_path):
+    """The script run (copied into an empty tree) with a fake ``mla-fuse``: each adapter once, FlagGems from a
+    wheel it unpacks, Liger from a directory given, the extra arguments appended; verify's exit 1 (a
+    failing kernel) leaves the script's status 0, exit 2 (could not run) makes it 1."""
+    (tmp_path / "ci").mkdir()
+    (tmp_path / "ci" / "adapters_report.sh").write_text(ADAPTERS_SCRIPT.read_text())
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "mla-fuse").write_text(FAKE_MLA_FUSE)
+    (tmp_path / "bin" / "mla-fuse").chmod(0o755)
+    (tmp_path / "bin" / "python3").symlink_to(sys.executable)  # the script unzips with python3 -m zipfile
+    exits = tmp_path / "exits"
+    exits.mkdir()
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "CALLS": str(tmp_path / "calls"), "EXITS": str(exits),
+           "MLA_FUSE_INSTALLED": "1", "MLA_FUSE_FLAGGEMS_WHEEL": str(fake_wheel(tmp_path / "fg.whl", "flag_gems")),
+           "MLA_FUSE_LIGER_PATH": "/opt/liger", "MLA_FUSE_VERIFY_ARGS": "-n 1 -- -k 'in_deployment and llama'"}
+    for codes, expected in (((0, 1, 1), 0), ((1, 2, 0), 1)):
+        for impl, code in zip(ADAPTERS, codes):
+            (exits / impl).write_text(str(code))
+        (tmp_path / "calls").unlink(missing_ok=True)
+        result = subprocess.run(["bash", str(tmp_path / "ci" / "adapters_report.sh")], env=env, capture_output=True,
+                                text=True, timeout=60)
+        assert result.returncode == expected, result.stdout + result.stderr
+        calls = [line.split(" | ") for line in (tmp_path / "calls").read_text().splitlines()]
+        assert [shlex.split(call[0])[:2] for call in calls] == [["verify", "--impl"]] * 3
+        assert [shlex.split(call[0])[2] for call in calls] == ADAPTERS
+        assert all(shlex.split(call[0])[-5:] == ["-n", "1", "--", "-k", "in_deployment and llama"] for call in calls)
+        assert calls[1][1] == "reports/adapters/packages/flag-gems" and calls[2][2] == "/opt/liger"
+        assert (tmp_path / calls[1][1] / "flag_gems" / "__init__.py").is_file()
+        assert [call[3] for call in calls] == [f"reports/adapters/{impl}/failures" for impl in ADAPTERS]
+        for impl, code in zip(ADAPTERS, codes):
+            assert f"{impl}: mla-fuse verify exit status {code} " in result.stdout, result.stdout
+            assert (tmp_path / "reports" / "adapters" / impl / "verify.log").read_text().startswith("verdict: from")

@@ -14,13 +14,16 @@ from mla_fuse_conformance.cases import strategies
 from mla_fuse_conformance.commands.report import environment
 from mla_fuse_conformance.commands.report import document as report_json
 from mla_fuse_conformance.commands.conformance_map.property_map import Cell, PropertyMap
+from mla_fuse_conformance.commands.verify import run as verify
 from mla_fuse_conformance.contract.implementation import load_implementation
 from mla_fuse_conformance.declarations.deployments import DEPLOYMENTS
 from mla_fuse_conformance.running.harness import property_named
-from mla_fuse_conformance.running.recording import Recorder
+from mla_fuse_conformance.running.recording import OUTCOMES_FILE, Recorder
+from mla_fuse_conformance.running.session_report import SessionReport
 
 MLA_WRITE = "test_mla:test_mla_cache_write_matches_reference"
 NODE = "properties/test_mla.py::test_mla_cache_write_matches_reference"
+pytest_plugins = ["pytester"]
 
 
 def metrics(spec: str, axes: dict, **counts) -> dict:
@@ -95,6 +98,37 @@ def test_one_verdict_per_deployment_from_its_outcome():
     assert found[2]["replay"]["file"] == "/tmp/f.json" and found[0]["replay"] is None
     assert report_json.coverage(outcomes, load_implementation("triton"), found)["deployments"] == {
         "run": 4, "passed": 1, "not supported (declared)": 1}
+
+
+def test_a_deployment_skipped_as_declared_is_counted_as_declared_from_what_pytest_records(pytester, tmp_path):
+    """The outcomes a real pytest run records (``running/session_report.py``), not hand-written lines: pytest
+    holds a skip's text as ``"Skipped: <text>"``; recorded as such, the deployments skipped as declared were
+    counted as plain skips (a run's summary said "13 run, 13 passed, 0 not supported (declared)" while 12
+    more were listed with the declared reason)."""
+    name = DEPLOYMENTS[0].name
+    declared = report_json.UNSUPPORTED + ": style gptj"
+    pytester.makepyfile(test_deployments=f"""
+        import pytest
+
+        @pytest.mark.parametrize("case", [{name!r}, "mine"])
+        def test_rotary_embedding_in_deployment(case):
+            if case == "mine":
+                pytest.skip("no GPU")
+            pytest.skip({declared!r})
+
+        def test_rotary_embedding_matches_reference():
+            pass
+        """)
+    pytester.inline_run("-p", "no:randomly", "-p", "no:cacheprovider", plugins=[SessionReport(None, tmp_path)])
+    outcomes = verify.read_outcomes(tmp_path / OUTCOMES_FILE)
+    assert [line["outcome"] for line in outcomes] == ["skipped", "skipped", "passed"]
+    found = report_json.deployments(outcomes, [])
+    assert [(d["name"], d["verdict"], d["reason"]) for d in found] == [
+        (name, report_json.UNSUPPORTED, declared), ("mine", "skipped", "no GPU")]
+    counted = report_json.coverage(outcomes, load_implementation("triton"), found)["deployments"]
+    assert counted == {"run": 0, "passed": 0, report_json.UNSUPPORTED: 1}
+    assert f"  deployments: 0 run, 0 passed, 1 {report_json.UNSUPPORTED}" in report_json.coverage_lines(
+        dict(axes={}, events={}, deployments=counted))
 
 
 def test_cells_are_flattened_with_a_stable_id_and_an_absolute_replay(tmp_path):
