@@ -59,13 +59,19 @@ def load_jit_functions(path: pathlib.Path, decorated: dict[str, list[str]], name
     ``decorated`` maps each name to its expected decorators as written (``["triton.jit"]``); a definition
     missing, repeated or decorated otherwise raises ImportError naming the file, so a changed file is
     not launched differently from how its project launches it. ``namespace`` holds the globals the
-    definitions see (copied; ``__name__`` is set to the file's name)."""
+    definitions see (copied; ``__name__`` is set to the file's name). In those globals each name then
+    stands for its built function, as in the file's module after ``@triton.jit``: a definition calling
+    another one loaded with it (a ``@jit`` helper of the same file) calls the built helper, which the
+    interpreter rewrites and a GPU compiles, not the bare Python function."""
     scope = _compiled(path, decorated, namespace, source)
     if interpreted:
         from triton.runtime.interpreter import InterpretedFunction
 
-        return {name: InterpretedFunction(scope[name]) for name in decorated}
-    return {name: triton.runtime.jit.JITFunction(scope[name]) for name in decorated}
+        built = {name: InterpretedFunction(scope[name]) for name in decorated}
+    else:
+        built = {name: triton.runtime.jit.JITFunction(scope[name]) for name in decorated}
+    scope.update(built)
+    return built
 
 
 def load_functions(path: pathlib.Path, names: tuple[str, ...], namespace: dict, source: str | None = None) -> dict:
