@@ -14,7 +14,8 @@ lines. Nothing of the project is imported; ``sys.modules`` and ``os.environ`` ar
 ``source`` replaces the file's text (a planted kernel in the tests), registered with ``linecache``
 under a name of its own, where Triton reads it back. ``load_functions`` compiles plain functions of
 a file the same way (a project's launch wrapper, run as its project wrote it, with the kernel built
-here handed in as a global).
+here handed in as a global). ``tests/test_own_kernels_loaded_as_foreign.py`` runs mla_fuse's own kernels
+through both pieces (docs/THIRD_PARTY.md, "Our own kernels through the same path").
 
 ``exact_interpreter_casts``: Triton's interpreter converts floats to fp8 wrongly
 (triton-lang/triton#8322: ties rounded up, 500 stored as 256, overflow and NaN stored as finite
