@@ -14,7 +14,8 @@ lines. Nothing of the project is imported; ``sys.modules`` and ``os.environ`` ar
 ``source`` replaces the file's text (a planted kernel in the tests), registered with ``linecache``
 under a name of its own, where Triton reads it back. ``load_functions`` compiles plain functions of
 a file the same way (a project's launch wrapper, run as its project wrote it, with the kernel built
-here handed in as a global).
+here handed in as a global). ``tests/test_own_kernels_loaded_as_foreign.py`` runs mla_fuse's own kernels
+through both pieces (docs/THIRD_PARTY.md, "Our own kernels through the same path").
 
 ``exact_interpreter_casts``: Triton's interpreter converts floats to fp8 wrongly
 (triton-lang/triton#8322: ties rounded up, 500 stored as 256, overflow and NaN stored as finite
@@ -59,13 +60,19 @@ def load_jit_functions(path: pathlib.Path, decorated: dict[str, list[str]], name
     ``decorated`` maps each name to its expected decorators as written (``["triton.jit"]``); a definition
     missing, repeated or decorated otherwise raises ImportError naming the file, so a changed file is
     not launched differently from how its project launches it. ``namespace`` holds the globals the
-    definitions see (copied; ``__name__`` is set to the file's name)."""
+    definitions see (copied; ``__name__`` is set to the file's name). In those globals each name then
+    stands for its built function, as in the file's module after ``@triton.jit``: a definition calling
+    another one loaded with it (a ``@jit`` helper of the same file) calls the built helper, which the
+    interpreter rewrites and a GPU compiles, not the bare Python function."""
     scope = _compiled(path, decorated, namespace, source)
     if interpreted:
         from triton.runtime.interpreter import InterpretedFunction
 
-        return {name: InterpretedFunction(scope[name]) for name in decorated}
-    return {name: triton.runtime.jit.JITFunction(scope[name]) for name in decorated}
+        built = {name: InterpretedFunction(scope[name]) for name in decorated}
+    else:
+        built = {name: triton.runtime.jit.JITFunction(scope[name]) for name in decorated}
+    scope.update(built)
+    return built
 
 
 def load_functions(path: pathlib.Path, names: tuple[str, ...], namespace: dict, source: str | None = None) -> dict:
