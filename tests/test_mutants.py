@@ -23,6 +23,8 @@ import mla_fuse_conformance.properties.test_flash  # noqa: F401  (registers the 
 import mla_fuse_conformance.properties.test_mla  # noqa: F401
 import mla_fuse_conformance.properties.test_rotary_embedding  # noqa: F401
 from mla_fuse_conformance.contract.implementation import load_implementation
+from mla_fuse_conformance.declarations.operations import FUSED_OPERATIONS, ROTATING_OPERATIONS
+from mla_fuse_conformance.mutants.bug_classes import DECLARATIONS
 from mla_fuse_conformance.mutants.kernels import APPROXIMATED, BUG_CLASSES, HONEST, MUTANTS
 from mla_fuse_conformance.settings import profiles
 from mla_fuse_conformance.running.devices import select_device
@@ -90,12 +92,28 @@ def hunt(prop, impl, device, strategy, max_examples: int, explicit=()):
     return None, examples
 
 
-def run_properties(impl, device, stop_at_first: bool):
-    """-> (caught: list of (property, error, examples)), examples run in all."""
+# What each declaration of the honest variants changes: padded_rows, which rows the fused operations
+# rotate; rounding, the bound of every rotated value (both read by judging/oracle.py alone). A variant
+# is the base's code with other declarations, so a property of no operation listed here judges it
+# exactly as it judges mutant:none (test_the_declarations_are_read_for_their_operations_only).
+DECLARED_FOR = {"padded_rows": FUSED_OPERATIONS, "rounding": ROTATING_OPERATIONS}
+
+
+def variant_operations(variant: str) -> set[str] | None:
+    """The operations whose properties the honest ``variant`` must pass beyond the base's (None: all)."""
+    declared = DECLARATIONS.get(variant)
+    return None if not declared else {op for name in declared for op in DECLARED_FOR[name]}
+
+
+def run_properties(impl, device, stop_at_first: bool, operations: set[str] | None = None):
+    """-> (caught: list of (property, error, examples)), examples run in all; ``operations``: only the
+    properties of one of these operations (None: every property)."""
     caught, total = [], 0
     properties = all_properties()
     for name in ORDER:
         prop = properties[name]
+        if operations is not None and not operations & set(prop.operations):
+            continue
         for strategy in prop.strategies:
             max_examples = prop.examples_per_variant or profiles.CI_MAX_EXAMPLES
             try:
@@ -134,12 +152,41 @@ def test_mutant_is_caught(mutant, mutant_results):
 
 @pytest.mark.parametrize("variant", sorted(HONEST))
 def test_bug_free_variants_pass_every_property(variant, mutant_results):
-    """The base, and the base with each other declaration (padded_rows, rounding) it honours."""
+    """The base, and the base with each other declaration (padded_rows, rounding) it honours: every
+    property of the operations the declaration is read for (``DECLARED_FOR``)."""
     impl = load_implementation(f"mutant:{variant}")
     start = time.perf_counter()
-    caught, examples = run_properties(impl, select_device(), stop_at_first=False)
+    caught, examples = run_properties(impl, select_device(), stop_at_first=False,
+                                      operations=variant_operations(variant))
     mutant_results(dict(mutant=variant, result="passed" if not caught else "FAILED",
                                         seconds=time.perf_counter() - start, examples=examples,
                                         property=caught[0][0].rpartition(":")[2] if caught else None,
                                         time=time.time()))
     assert not caught, "\n\n".join(f"{name}: {error}" for name, error, _ in caught)
+
+
+def test_the_declarations_are_read_for_their_operations_only():
+    """``DECLARED_FOR`` true and needed: judging each operation's case reads a variant's declaration
+    exactly for the operations listed (an implementation that records the attributes read)."""
+    from mla_fuse_conformance.cases import tensors
+    from mla_fuse_conformance.declarations.operations import OPERATIONS
+    from mla_fuse_conformance.judging import oracle
+
+    base = load_implementation("mutant:none")
+
+    class Recording:
+        def __init__(self):
+            self.read = set()
+
+        def __getattr__(self, name):
+            self.read.add(name)
+            return getattr(base, name)
+
+    properties = all_properties()
+    for op in OPERATIONS:
+        prop = next(p for name, p in properties.items() if p.operations == (op,) and p.examples
+                    and name.endswith("_matches_reference"))
+        impl = Recording()
+        oracle.expect(op, tensors.build(prop.examples[0], "cpu"), impl)
+        for declaration, operations in DECLARED_FOR.items():
+            assert (declaration in impl.read) == (op in operations), (op, declaration, impl.read)
