@@ -146,7 +146,7 @@ def test_a_carried_cell_confirmed_by_the_test_run_is_not_run_again_in_the_search
         return sum(inside)
 
     fp8_examples = sum(map(fp8_write, interaction_cases("concat_and_cache_mla")))
-    assert runs_inside((failing,)) <= 1 + diagnosis.RATE_EXAMPLES < fp8_examples
+    assert runs_inside((failing,)) <= 1 + diagnosis.CARRIED_RATE_EXAMPLES < fp8_examples
     assert runs_inside(()) >= fp8_examples
 
 

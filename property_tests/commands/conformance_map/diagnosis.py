@@ -49,6 +49,7 @@ FAILURES = (AssertionError, RaisedInChild, Crashed)
 PRECONDITIONS = ("some slot written (slot >= 0)", "tokens > 0")
 SEEDS = 3  # a value passes when the example passes with this many seeds (a NaN can hide a wrong element)
 RATE_EXAMPLES = 12  # random cases inside a cell to measure its failure rate
+CARRIED_RATE_EXAMPLES = 6  # ... inside a cell another property's map derived, confirmed here (one defect, one map)
 PAIR_WALKS = 3  # passing members walked towards the failing case, until one gives a pair
 # fields that only pick data (not varied by ``diagnose``): the walk to a pair tries them last
 DATA_FIELDS = ("values.log2_spread", "value_values.log2_spread", "slots.pad_fraction", "seed")

@@ -313,7 +313,8 @@ def _carried(prop, impl, device, known: known_cells.KnownCell, strategy, run_exa
     if diagnosis is not None:
         on_step(f"{entry['condition']['text']}: found for {entry['found_by']}, measuring its failure rate here")
         diagnosis["rate"], diagnosis["pair"] = diagnosing.measure(prop, impl, strategy, run_example,
-                                                                  diagnosis["condition"], known.case)
+                                                                  diagnosis["condition"], known.case,
+                                                                  diagnosing.CARRIED_RATE_EXAMPLES)
         diagnosis["pair"] = None  # the pair walk's file belongs to the property that found the cell
         diagnosis["admits"] = admitted(prop, impl, known.case, diagnosis["condition"], failure["cell"])
     cell = _saved_cell(prop, failure, diagnosis, known_cells.CARRIED)
