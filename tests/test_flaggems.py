@@ -200,3 +200,12 @@ def test_flash_cache_entries_are_written_as_if_packed(flaggems):
     for pool, (k, v), right in ((packed, packed.unbind(0), True), (interleaved, interleaved.unbind(2), False)):
         impl.reshape_and_cache_flash(key, -key, k, v, torch.tensor([1, 6, 3], device=DEVICE), "auto", one, one)
         assert torch.equal(k[0, 1], key[0]) == right and torch.equal(v[1, 2], -key[1]) == right, k.stride()
+
+
+def test_mla_fuse_verify_runs_it_on_one_models_deployments(flaggems_root, verify_one_deployment):
+    """The suite's own run of the adapter: the flash write's entry-stride defect (K and V in one pool)
+    fails Llama's flash-write deployments that interleave K and V; its rope calls pass."""
+    code, report = verify_one_deployment("flaggems", **({PATH_ENV_VAR: flaggems_root} if flaggems_root else {}))
+    failing = {entry["operation"] for entry in report["deployments"] if entry["verdict"] == "fail"}
+    assert code == 1 and failing == {"reshape_and_cache_flash"}, report["deployments"]
+    assert any(entry["verdict"] == "pass" for entry in report["deployments"]), report["deployments"]

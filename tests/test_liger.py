@@ -219,3 +219,10 @@ def test_liger_needs_the_correction_and_it_hides_no_truncating_kernel(liger):
     positions, query, key, table = _tie_case()
     liger(source=planted).rotary_embedding(positions, query, key, 2, table, True)
     assert (query[0, 0, 0].item(), key[0, 0, 0].item()) == (1.0, 1.0078125), "only q was planted to truncate"
+
+
+def test_mla_fuse_verify_runs_it_on_one_models_deployments(liger_root, verify_one_deployment):
+    """The suite's own run of the adapter: Llama's rope calls pass (NeoX style, the one Liger has)."""
+    code, report = verify_one_deployment("liger", **({PATH_ENV_VAR: liger_root} if liger_root else {}))
+    assert code == 0 and report["verdict"] == "PASS", report["deployments"]
+    assert {entry["verdict"] for entry in report["deployments"]} == {"pass"}, report["deployments"]

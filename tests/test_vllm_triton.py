@@ -177,3 +177,11 @@ def test_heads_are_read_as_if_packed():
         one = torch.ones(1, device=DEVICE)
         impl.reshape_and_cache_flash(key, key, *caches, torch.tensor([0, 1], device=DEVICE), "auto", one, one)
         assert torch.equal(caches[0][0, :tokens], key) == packed, (key.stride(), caches[0][0, :tokens])
+
+
+def test_mla_fuse_verify_runs_it_on_one_models_deployments(verify_one_deployment):
+    """The suite's own run of the adapter: Llama's flash writes pass, per-head scales declared."""
+    code, report = verify_one_deployment("vllm-triton")
+    verdicts = {entry["verdict"] for entry in report["deployments"]}
+    assert code == 0 and report["verdict"] == "PASS" and "pass" in verdicts, report["deployments"]
+    assert verdicts <= {"pass", "not supported (declared)"}, report["deployments"]
