@@ -91,3 +91,32 @@ def verify_one_deployment(tmp_path):
         return result.returncode, json.loads((tmp_path / "reports" / "report.json").read_text())
 
     return run
+
+
+@pytest.fixture(scope="session")
+def third_party_root(tmp_path_factory):
+    """``find(module, path_env, wheel_env, project, requirement)``: the directory ``$path_env`` is to name
+    for a third party's adapter (None: the installed package): ``$path_env`` itself, else the installed
+    package, else the wheel ``$wheel_env`` names, unzipped here. Neither: skipped, and failed under
+    CI=true (.ci/run downloads each wheel)."""
+    import importlib.util
+    import os
+    import zipfile
+
+    def find(module: str, path_env: str, wheel_env: str, project: str, requirement: str) -> str | None:
+        if os.environ.get(path_env):
+            return os.environ[path_env]
+        if importlib.util.find_spec(module) is not None:
+            return None
+        wheel = os.environ.get(wheel_env)
+        if not wheel:
+            if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+                pytest.fail(f"{project} not found: .ci/run downloads the wheel and sets {wheel_env}")
+            pytest.skip(f"{project} not found: set {path_env} to an unpacked {requirement.partition('==')[0]} wheel, "
+                        f"or {wheel_env} to the wheel file (pip download --no-deps {requirement}), or install it")
+        root = tmp_path_factory.mktemp(module)
+        with zipfile.ZipFile(wheel) as archive:
+            archive.extractall(root)
+        return str(root)
+
+    return find

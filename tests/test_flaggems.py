@@ -13,9 +13,6 @@ none of its pinned dependencies is needed.
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import zipfile
 
 import pytest
 import torch
@@ -32,22 +29,9 @@ KNOWN = [1.0625, 464.0, 500.0, -1000.0, float("nan"), 3 * 2.0 ** -10, 1.0, -0.0,
 
 
 @pytest.fixture(scope="module")
-def flaggems_root(tmp_path_factory):
-    """The directory ``$MLA_FUSE_FLAGGEMS_PATH`` is to name (None: the installed package)."""
-    if os.environ.get(PATH_ENV_VAR):
-        return os.environ[PATH_ENV_VAR]
-    if importlib.util.find_spec("flag_gems") is not None:
-        return None
-    wheel = os.environ.get(WHEEL_ENV_VAR)
-    if not wheel:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"FlagGems not found: .ci/run downloads the wheel and sets {WHEEL_ENV_VAR}")
-        pytest.skip(f"FlagGems not found: set {PATH_ENV_VAR} to an unpacked flag-gems wheel, or {WHEEL_ENV_VAR} "
-                    "to the wheel file (pip download --no-deps flag-gems==5.0.2), or install it")
-    root = tmp_path_factory.mktemp("flaggems")
-    with zipfile.ZipFile(wheel) as archive:
-        archive.extractall(root)
-    return str(root)
+def flaggems_root(third_party_root):
+    """The directory ``${PATH_ENV_VAR}`` is to name (None: the installed package)."""
+    return third_party_root("flag_gems", PATH_ENV_VAR, WHEEL_ENV_VAR, "FlagGems", "flag-gems==5.0.2")
 
 
 @pytest.fixture

@@ -14,9 +14,6 @@ a temporary directory); otherwise skipped, and under CI=true failed (.ci/run dow
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import zipfile
 
 import pytest
 import torch
@@ -33,22 +30,9 @@ INTERPRETER_ONLY = pytest.mark.skipif(not INTERPRETED, reason="the bf16 correcti
 
 
 @pytest.fixture(scope="module")
-def liger_root(tmp_path_factory):
-    """The directory ``$MLA_FUSE_LIGER_PATH`` is to name (None: the installed package)."""
-    if os.environ.get(PATH_ENV_VAR):
-        return os.environ[PATH_ENV_VAR]
-    if importlib.util.find_spec("liger_kernel") is not None:
-        return None
-    wheel = os.environ.get(WHEEL_ENV_VAR)
-    if not wheel:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"Liger-Kernel not found: .ci/run downloads the wheel and sets {WHEEL_ENV_VAR}")
-        pytest.skip(f"Liger-Kernel not found: set {PATH_ENV_VAR} to an unpacked liger-kernel wheel, or "
-                    f"{WHEEL_ENV_VAR} to the wheel file (pip download --no-deps liger-kernel==0.8.5), or install it")
-    root = tmp_path_factory.mktemp("liger")
-    with zipfile.ZipFile(wheel) as archive:
-        archive.extractall(root)
-    return str(root)
+def liger_root(third_party_root):
+    """The directory ``${PATH_ENV_VAR}`` is to name (None: the installed package)."""
+    return third_party_root("liger_kernel", PATH_ENV_VAR, WHEEL_ENV_VAR, "Liger-Kernel", "liger-kernel==0.8.5")
 
 
 @pytest.fixture

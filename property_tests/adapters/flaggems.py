@@ -55,9 +55,6 @@ Declared limits (``CAPABILITIES``), each what the wrapper or kernel code says it
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
-import os
 import pathlib
 import types
 
@@ -68,7 +65,8 @@ import triton.language as tl
 from mla_fuse import kernels as mla_fuse_kernels
 
 from mla_fuse_conformance.contract.capabilities import Capabilities
-from mla_fuse_conformance.running.foreign_kernels import exact_interpreter_casts, load_jit_functions, module_constants
+from mla_fuse_conformance.running.foreign_kernels import (exact_interpreter_casts, find_package, load_jit_functions,
+                                                          module_constants, package_version)
 
 PATH_ENV_VAR = "MLA_FUSE_FLAGGEMS_PATH"
 NOT_FOUND = (f"FlagGems is not found: set {PATH_ENV_VAR} to a directory holding flag_gems/ (`pip download --no-deps "
@@ -102,26 +100,8 @@ CAPABILITIES = {
 
 
 def package_dir() -> pathlib.Path:
-    """The ``flag_gems`` package directory: ``$MLA_FUSE_FLAGGEMS_PATH/flag_gems``, else the installed one."""
-    root = os.environ.get(PATH_ENV_VAR)
-    if root:
-        path = pathlib.Path(root) / "flag_gems"
-        if not (path / MLA_FILE).is_file():
-            raise ImportError(f"{PATH_ENV_VAR}={root}: no flag_gems/{MLA_FILE} there (point it at the directory "
-                              "an unpacked flag-gems wheel was unzipped into)")
-        return path
-    spec = importlib.util.find_spec("flag_gems")
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError(NOT_FOUND)
-    return pathlib.Path(next(iter(spec.submodule_search_locations)))
-
-
-def package_version(package: pathlib.Path) -> str | None:
-    """``"flag-gems VERSION"`` from the dist-info beside ``package``, or None."""
-    for distribution in importlib.metadata.distributions(path=[str(package.parent)]):
-        if (distribution.read_text("top_level.txt") or "").split() == ["flag_gems"]:
-            return f"{distribution.metadata['Name']} {distribution.version}"
-    return None
+    """The ``flag_gems`` package directory: ``${PATH_ENV_VAR}/flag_gems``, else the installed one."""
+    return find_package("flag_gems", PATH_ENV_VAR, MLA_FILE, NOT_FOUND, "flag-gems")
 
 
 def load_kernels(package: pathlib.Path, interpreted: bool, sources: dict[str, str] | None = None) -> dict:

@@ -51,9 +51,6 @@ rounding, inside the wider bound); limits (``CAPABILITIES``), each what Liger's 
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
-import os
 import pathlib
 
 import torch
@@ -63,7 +60,8 @@ import triton.language as tl
 from mla_fuse import kernels as mla_fuse_kernels
 
 from mla_fuse_conformance.contract.capabilities import Capabilities
-from mla_fuse_conformance.running.foreign_kernels import exact_interpreter_casts, load_functions, load_jit_functions
+from mla_fuse_conformance.running.foreign_kernels import (exact_interpreter_casts, find_package, load_functions,
+                                                          load_jit_functions, package_version)
 
 PATH_ENV_VAR = "MLA_FUSE_LIGER_PATH"
 NOT_FOUND = (f"Liger-Kernel is not found: set {PATH_ENV_VAR} to a directory holding liger_kernel/ (`pip download "
@@ -81,26 +79,8 @@ CAPABILITIES = {
 
 
 def package_dir() -> pathlib.Path:
-    """The ``liger_kernel`` package directory: ``$MLA_FUSE_LIGER_PATH/liger_kernel``, else the installed one."""
-    root = os.environ.get(PATH_ENV_VAR)
-    if root:
-        path = pathlib.Path(root) / "liger_kernel"
-        if not (path / ROPE_FILE).is_file():
-            raise ImportError(f"{PATH_ENV_VAR}={root}: no liger_kernel/{ROPE_FILE} there (point it at the directory "
-                              "an unpacked liger-kernel wheel was unzipped into)")
-        return path
-    spec = importlib.util.find_spec("liger_kernel")
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError(NOT_FOUND)
-    return pathlib.Path(next(iter(spec.submodule_search_locations)))
-
-
-def package_version(package: pathlib.Path) -> str | None:
-    """``"liger_kernel VERSION"`` from the dist-info beside ``package``, or None."""
-    for distribution in importlib.metadata.distributions(path=[str(package.parent)]):
-        if (distribution.read_text("top_level.txt") or "").split() == ["liger_kernel"]:
-            return f"{distribution.metadata['Name']} {distribution.version}"
-    return None
+    """The ``liger_kernel`` package directory: ``${PATH_ENV_VAR}/liger_kernel``, else the installed one."""
+    return find_package("liger_kernel", PATH_ENV_VAR, ROPE_FILE, NOT_FOUND, "liger-kernel")
 
 
 def load_rope(package: pathlib.Path, interpreted: bool, source: str | None = None):

@@ -38,6 +38,9 @@ bfloat16 are not corrected (no adapted kernel uses them).
 from __future__ import annotations
 
 import ast
+import importlib.metadata
+import importlib.util
+import os
 import contextlib
 import functools
 import linecache
@@ -202,3 +205,27 @@ def exact_interpreter_casts():
         yield
     finally:
         interpreter._convert_float, builder.binary_op, builder.unary_op = originals
+
+
+def find_package(name: str, env_var: str, marker: str, not_found: str, wheel: str) -> pathlib.Path:
+    """A third party's package directory ``name``: ``$env_var/name`` (an unpacked wheel, checked to hold
+    ``marker``, a file of it the adapter reads), else the installed one (``find_spec``: nothing imported)."""
+    root = os.environ.get(env_var)
+    if root:
+        path = pathlib.Path(root) / name
+        if not (path / marker).is_file():
+            raise ImportError(f"{env_var}={root}: no {name}/{marker} there (point it at the directory "
+                              f"an unpacked {wheel} wheel was unzipped into)")
+        return path
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(not_found)
+    return pathlib.Path(next(iter(spec.submodule_search_locations)))
+
+
+def package_version(package: pathlib.Path) -> str | None:
+    """``"DISTRIBUTION VERSION"`` from the dist-info beside ``package`` (the one whose top level it is), or None."""
+    for distribution in importlib.metadata.distributions(path=[str(package.parent)]):
+        if (distribution.read_text("top_level.txt") or "").split() == [package.name]:
+            return f"{distribution.metadata['Name']} {distribution.version}"
+    return None
