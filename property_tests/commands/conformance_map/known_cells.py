@@ -108,11 +108,8 @@ class Sorter:
         then left out of the map unrun, as the map's own cells are once found: one defect is confirmed
         with a few cases, not run again in every property it breaks."""
         for known in self.known:
-            for case in tried if known.entry.get("found_by") is not None else ():
-                if known.case is not None:
-                    break
-                if known.holds(case, self.rotates, lambda case=case: diagnosing.relations_of(case)):
-                    self.rerun(known, case)
+            if known.entry.get("found_by") is not None:
+                self._confirm_with(known, tried)
         self.left_out = [known for known in self.known if known.entry.get("found_by") is not None and known.case]
 
     def inside(self, case) -> list[KnownCell]:
@@ -146,12 +143,16 @@ class Sorter:
         test's failing cases) or the baseline's own failing case inside the cell."""
         for known in self.known:
             own = baseline_case(known.entry) if known.entry.get("found_by") is None else []  # not another property's
-            for case in [*tried, *own]:
-                if known.case is not None:
-                    break
-                if known.holds(case, self.rotates, lambda case=case: diagnosing.relations_of(case)):
-                    self.rerun(known, case)
+            self._confirm_with(known, [*tried, *own])
         return [known for known in self.known if known.case is not None]
+
+    def _confirm_with(self, known: KnownCell, cases) -> None:
+        """Rerun the ``cases`` inside ``known``, in turn, until one confirms it."""
+        for case in cases:
+            if known.case is not None:
+                return
+            if known.holds(case, self.rotates, lambda case=case: diagnosing.relations_of(case)):
+                self.rerun(known, case)
 
     def rerun(self, known: KnownCell, case) -> None:
         try:
