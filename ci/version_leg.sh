@@ -11,7 +11,10 @@
 #                              ten minutes on a CPU.
 #   ci/version_leg.sh newest   torch 2.13.0, triton 3.9.0, the newest hypothesis below 7: the test
 #                              command runs hypothesis 6.157.0 (the fuzz extra's ceiling: hypofuzz
-#                              25.11), so the test extra's own top is run here. Every change.
+#                              25.11), so the test extra's own top is run here. Every change. Only
+#                              the unit tests that use hypothesis (failure files, databases): the
+#                              kernels', custom ops' and conversions' tests import none of it, and the
+#                              test command runs them on this torch and triton.
 #   ci/version_leg.sh engine   torch 2.14.1 (the CUDA build PyPI serves: several GB, so nightly),
 #                              triton 3.8.0, the newest hypothesis: what vLLM 0.33 and SGLang 0.5.23
 #                              install. Adds the compile passes' unit tests and property.
@@ -26,6 +29,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CI=true
 
+# The kernels, the custom ops and the interpreter's conversions (need only the test extra, and no
+# hypothesis); failure files and databases (hypothesis' own formats: files written under the newest
+# hypothesis replay here, tests/data/replay/).
+KERNEL_TESTS=(tests/test_kernels.py tests/test_custom_ops.py tests/test_interpreter_conversions.py)
+HYPOTHESIS_TESTS=(tests/test_replay_files.py tests/test_database_versions.py)
 # The compile passes' unit tests (the legs that change torch run them; the others keep the torch of
 # the test command).
 PASS_TESTS=(tests/test_passes_unit.py tests/test_passes_mla.py tests/test_passes_mha.py
@@ -34,19 +42,19 @@ PASS_TESTS=(tests/test_passes_unit.py tests/test_passes_mla.py tests/test_passes
 case "${1:-}" in
     oldest)
         pins=(torch==2.13.0 triton==3.6.0 hypothesis==6.139.0)
-        unit_tests=()
+        unit_tests=("${KERNEL_TESTS[@]}" "${HYPOTHESIS_TESTS[@]}")
         suite_selection=(-k "not test_compile_passes") ;;
     newest)
         pins=(torch==2.13.0 triton==3.9.0 "hypothesis<7")
-        unit_tests=()
+        unit_tests=("${HYPOTHESIS_TESTS[@]}")
         suite_selection=(-k "not test_compile_passes") ;;
     engine)
         pins=(torch==2.14.1 triton==3.8.0)
-        unit_tests=("${PASS_TESTS[@]}")
+        unit_tests=("${KERNEL_TESTS[@]}" "${HYPOTHESIS_TESTS[@]}" "${PASS_TESTS[@]}")
         suite_selection=() ;;
     floor-torch)
         pins=(torch==2.11.0 triton==3.6.0)
-        unit_tests=("${PASS_TESTS[@]}")
+        unit_tests=("${KERNEL_TESTS[@]}" "${HYPOTHESIS_TESTS[@]}" "${PASS_TESTS[@]}")
         # Inductor 2.11 itself, no pass running (level 0 too), gives other bits than eager for
         # models that round to bf16 and widen again (docs/PASSES.md, "torch versions"): the unit
         # tests that meet it are xfail(strict) on torch < 2.13; the property draws such models at
@@ -54,7 +62,7 @@ case "${1:-}" in
         suite_selection=(-k "not test_compile_passes") ;;
     newest-torch)
         pins=(torch==2.15.0 triton==3.9.0)
-        unit_tests=("${PASS_TESTS[@]}")
+        unit_tests=("${KERNEL_TESTS[@]}" "${HYPOTHESIS_TESTS[@]}" "${PASS_TESTS[@]}")
         suite_selection=() ;;
     *)
         echo "usage: ci/version_leg.sh oldest|newest|engine|floor-torch|newest-torch" >&2
@@ -66,10 +74,7 @@ python3 -m venv .venv-leg && . .venv-leg/bin/activate
 pip install -q "${pins[@]}" -e ".[test]"
 pip list 2>/dev/null | grep -iE "^(torch|triton|hypothesis|pytest|pytest-xdist) "
 
-# The kernels, the custom ops and the interpreter's conversions (needs only the test extra).
-# Failure files written under the newest hypothesis replay here (tests/data/replay/).
-python -m pytest tests/test_kernels.py tests/test_custom_ops.py tests/test_interpreter_conversions.py \
-    tests/test_replay_files.py tests/test_database_versions.py "${unit_tests[@]}" -n auto -q -p no:cacheprovider
+python -m pytest "${unit_tests[@]}" -n auto -q -p no:cacheprovider
 
 # The suite as a team runs it: from a directory of its own, through the installed plugin. Failure
 # files land in reports/version-leg/.mla_fuse_failures (uploaded with the reports).

@@ -15,10 +15,30 @@ import pytest
 
 _ROWS = pytest.StashKey[pathlib.Path]()
 _WORKER_KEY = "mla_fuse_mutant_rows"
+NIGHTLY = "nightly"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--nightly", action="store_true", default=False,
+                     help="run only the tests marked nightly (left out of every other run: ci/nightly.sh tests)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``nightly`` are deselected unless ``--nightly``, which selects them alone: second
+    real end-to-end runs of a mechanism that a faster test shows on fixtures and one end-to-end run
+    already shows per change (README, "CI": `ci/nightly.sh tests`)."""
+    nightly = config.getoption("--nightly")
+    keep = [item for item in items if (item.get_closest_marker(NIGHTLY) is not None) == nightly]
+    if len(keep) < len(items):
+        kept = set(map(id, keep))
+        config.hook.pytest_deselected(items=[item for item in items if id(item) not in kept])
+        items[:] = keep
 
 
 def pytest_configure(config):
     from mla_fuse_conformance.settings import profiles
+
+    config.addinivalue_line("markers", f"{NIGHTLY}: run by the nightly job (`pytest --nightly`), not per change")
 
     profiles.select_default(explicit=config.getoption("hypothesis_profile", None) is not None)
     if hasattr(config, "workerinput"):

@@ -325,6 +325,8 @@ def vllm_amx_as_the_baseline_ran() -> str | None:
     return None if kernel_version("vllm") == version else f"the baseline was made with {version}"
 
 
+@pytest.mark.nightly  # its mechanism per change: test_a_new_bug_in_a_property_the_baseline_fails_is_mapped_alone...
+# on a fake kernel, and the end-to-end baseline run above (test_a_run_against_its_own_report...)
 def test_against_vllms_own_report_a_bug_planted_in_a_property_vllm_fails_is_the_one_new_id(tmp_path):
     if (why := vllm_amx_as_the_baseline_ran()) is not None:
         pytest.skip(why)

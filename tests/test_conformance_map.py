@@ -174,6 +174,37 @@ def test_an_example_running_when_the_callers_budget_is_spent_is_killed_and_is_no
         executor.run(prop.name, RANK3)
 
 
+def test_the_callers_check_stops_a_running_example_within_a_second_and_before_the_next(user_dir, monkeypatch):
+    """``verify`` stopped by a signal: its handler only notes it, and the executor's ``check`` (called
+    before each example and every ``CHECK_EVERY`` s while one runs) raises where the map is. Planted:
+    ``Executor._wait`` without the check polls the example's whole 60 s."""
+    import threading
+    import time
+
+    class Stop(BaseException):
+        pass
+
+    signalled = []
+
+    def check():
+        if signalled:
+            raise Stop()
+
+    monkeypatch.setenv("MLA_FUSE_EXAMPLE_TIMEOUT", "60")
+    prop = property_named(ROPE_PROPERTY)
+    with Executor("adapters_here:HangsOnRank2", "cpu", check=check) as executor:
+        executor.run(prop.name, RANK3)
+        started = time.monotonic()
+        threading.Timer(1.0, lambda: signalled.append("SIGTERM")).start()
+        with pytest.raises(Stop):
+            executor.run(prop.name, RANK2)  # hangs: stopped by the check, not after 60 s
+        assert time.monotonic() - started < 15 and executor.crashes == 0
+        executor.kill()
+        with pytest.raises(Stop):
+            executor.run(prop.name, RANK3)
+        assert executor.process is None  # not started
+
+
 @pytest.mark.parametrize("spec, outcome", [("adapters_here:DeclaresInt64Only", "handled"),
                                            ("adapters_here:RejectsInt32", "confirmed")])
 def test_a_declared_limit_is_checked_with_cases_just_outside_it(user_dir, spec, outcome):

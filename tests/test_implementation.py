@@ -28,6 +28,17 @@ def test_module_attr_spec_instantiates_classes_and_reads_defaults(monkeypatch):
     assert not impl.provides("rotary_embedding")
     assert (impl.name, impl.rounding, impl.padded_rows, impl.checks_inputs) == (
         "OutsideKernel", "single", "rotated", False)
+    assert impl.title == "outside_kernel:OutsideKernel (OutsideKernel)"
+
+
+def test_a_name_that_begins_with_the_spec_is_the_title_alone():
+    """The shipped adapters name themselves with their spec first (``liger (liger_kernel/...)``): the
+    report's first line says it once, not ``liger (liger (...))``."""
+    impl = describe(types.SimpleNamespace(name="liger (its rope file, interpreter)",
+                                          rotary_embedding=lambda *args: None), "liger")
+    assert impl.title == "liger (its rope file, interpreter)"
+    assert describe(types.SimpleNamespace(name="ligerish", rotary_embedding=lambda *args: None), "liger").title == (
+        "liger (ligerish)")
 
 
 def test_env_var_is_the_fallback(monkeypatch):

@@ -88,7 +88,7 @@ def test_the_torch_legs_run_nightly_on_a_cpu_runner_with_the_ci_sizes():
     script = (ROOT / "ci" / "version_leg.sh").read_text()
     for leg, pins in (("engine", r"torch==2\.14\.1 triton==3\.8\.0"), ("floor-torch", r"torch==2\.11\.0 triton==3\.6\.0"),
                       ("newest-torch", r"torch==2\.15\.0 triton==3\.9\.0")):
-        assert re.search(leg + r"\)\s*\n\s*pins=\(" + pins + r"\)\s*\n\s*unit_tests=\(\"\$\{PASS_TESTS\[@\]\}\"\)", script), leg
+        assert re.search(leg + r"\)\s*\n\s*pins=\(" + pins + r"\)\s*\n\s*unit_tests=\([^)]*\"\$\{PASS_TESTS\[@\]\}\"\)", script), leg
     subprocess.run(["bash", "-n", str(ROOT / "ci" / "version_leg.sh")], check=True)
 
 
@@ -180,3 +180,23 @@ def test_the_adapters_script_fails_only_when_a_verify_could_not_run(tmp_path):
         for impl, code in zip(ADAPTERS, codes):
             assert f"{impl}: mla-fuse verify exit status {code} " in result.stdout, result.stdout
             assert (tmp_path / "reports" / "adapters" / impl / "verify.log").read_text().startswith("verdict: from")
+
+
+def test_the_tests_marked_nightly_run_nightly_and_only_there():
+    """``pytest`` (the test command) deselects the tests marked nightly; ``--nightly`` selects them alone, and
+    the nightly job runs them installed as .ci/run installs the test command."""
+    job = workflow()["jobs"]["tests"]
+    assert "gpu" not in job["runs-on"] and job["env"]["MLA_FUSE_HYPOTHESIS_DB"] == ""
+    assert [step["run"] for step in job["steps"] if "run" in step] == ["bash ci/nightly.sh tests"]
+    assert "exec env CI=true python -m pytest -n auto --nightly ;;" in SCRIPT.read_text()
+
+    def collected(*options):
+        listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                                 "tests/test_baseline.py", *options], cwd=ROOT, capture_output=True, text=True,
+                                timeout=300)
+        return [line for line in listed.stdout.splitlines() if "::" in line]
+
+    marked = [name for name in collected("--nightly")]
+    assert marked and all("vllms_own_report" in name for name in marked), marked
+    per_change = collected()
+    assert per_change and not set(marked) & set(per_change), per_change

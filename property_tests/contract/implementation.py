@@ -121,6 +121,12 @@ class Implementation:
         return fn
 
     @property
+    def title(self) -> str:
+        """How reports name it: ``SPEC (NAME)``, or the name alone where it begins with the spec (the
+        shipped adapters' names do: ``liger (liger_kernel/ops/rope.py ...)``)."""
+        return self.name if self.name.split(" ")[0] == self.spec else f"{self.spec} ({self.name})"
+
+    @property
     def operations(self) -> tuple[str, ...]:
         return tuple(op for op in OPERATIONS if self.provides(op))
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import time
+from typing import Callable
 
 from hypothesis import reject
 
@@ -84,11 +86,17 @@ def _context():
     return context
 
 
-class Executor:
-    """A child process running examples of ``impl_spec`` on ``device`` (see the module docstring)."""
+CHECK_EVERY = 0.5  # seconds between the caller's ``check`` calls while an example runs
 
-    def __init__(self, impl_spec: str, device: str, require: tuple[str, ...] = ()) -> None:
-        self.impl_spec, self.device, self.require = impl_spec, device, require
+
+class Executor:
+    """A child process running examples of ``impl_spec`` on ``device`` (see the module docstring).
+    ``check``: called before each example and every ``CHECK_EVERY`` seconds while one runs; what it
+    raises stops the caller there (``verify``'s map stopped by a signal: the example running is killed)."""
+
+    def __init__(self, impl_spec: str, device: str, require: tuple[str, ...] = (),
+                 check: Callable[[], None] | None = None) -> None:
+        self.impl_spec, self.device, self.require, self.check = impl_spec, device, require, check
         self.process = self.connection = None
         self.crashes = 0
 
@@ -138,6 +146,8 @@ class Executor:
         killed and ``OutOfTime`` raised (none left: raised before it starts)."""
         from mla_fuse_conformance.running.harness import property_named
 
+        if self.check is not None:
+            self.check()
         if budget is not None and budget <= 0:
             raise OutOfTime()
         factor = getattr(property_named(prop_name), "timeout_factor", 1)  # compile examples take longer
@@ -150,16 +160,28 @@ class Executor:
         return self._ask({"operation": operation, "case": case_types.to_jsonable(case)},
                          recording.example_timeout() or None)["outputs"]
 
+    def _wait(self, seconds: float) -> bool:
+        """Whether the child's reply came within ``seconds`` (``inf``: no limit), ``check`` called every
+        ``CHECK_EVERY`` seconds meanwhile (what it raises goes through: the caller kills the child)."""
+        if self.check is None:
+            return self.connection.poll(None if seconds == float("inf") else seconds)
+        end = time.monotonic() + seconds
+        while not self.connection.poll(max(0.0, min(CHECK_EVERY, end - time.monotonic()))):
+            if time.monotonic() >= end:
+                return False
+            self.check()
+        return True
+
     def _ask(self, request: dict, timeout: float | None, budget: float | None = None) -> dict:
         """Send ``request`` to the child; its reply, or the exception the outcome stands for."""
         if self.process is None or not self.process.is_alive():
             self._start()
         try:
             self.connection.send(request)
-            if budget is not None and (timeout is None or budget < timeout) and not self.connection.poll(budget):
-                self.kill()  # the caller's time, not the example's: no outcome
-                raise OutOfTime()
-            if not self.connection.poll(timeout):
+            if not self._wait(min(t for t in (timeout, budget, float("inf")) if t is not None)):
+                if budget is not None and (timeout is None or budget < timeout):
+                    self.kill()  # the caller's time, not the example's: no outcome
+                    raise OutOfTime()
                 self.process.kill()
                 self._discard()
                 self.crashes += 1

@@ -108,10 +108,11 @@ def lines(phase: dict) -> list[str]:
 
 def run_maps(impl, outcomes: list[dict], profile: str, phase: MapPhase, phases: dict,
              known_cells: tuple[dict, ...] = (), on_map: Callable[[], None] = lambda: None,
-             clock: Callable[[], float] = time.monotonic) -> None:
+             clock: Callable[[], float] = time.monotonic, check: Callable[[], None] | None = None) -> None:
     """Map ``phase.properties`` into ``phase.maps`` (``known_cells``: a baseline's, sorted out first;
     ``on_map``: called after each map), then check the declared limits into ``phase.limits``; their
-    seconds added to ``phases`` as ``map`` and ``limits``. A ``stopping.Stopped`` goes through, the
+    seconds added to ``phases`` as ``map`` and ``limits``. ``check``: the executor's (a signal's
+    ``stopping.Stopped``, raised before an example or while one runs); it goes through, the
     executor's child killed, what was done kept in ``phase``."""
     from mla_fuse_conformance.running.devices import select_device
     from mla_fuse_conformance.running.executor import Executor
@@ -120,7 +121,7 @@ def run_maps(impl, outcomes: list[dict], profile: str, phase: MapPhase, phases: 
     device, started = str(select_device()), clock()
     deadline = started + phase.seconds
     shown = progress.Progress(lambda text: print(text, end="", flush=True), sys.stdout.isatty())
-    with Executor(impl.spec, device, impl.required) as executor:
+    with Executor(impl.spec, device, impl.required, check=check) as executor:
         try:
             for name in phase.properties:
                 if clock() >= deadline:

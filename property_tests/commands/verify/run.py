@@ -179,7 +179,7 @@ def wrapped(key: str) -> str:
 def describe_implementation(impl) -> list[str]:
     """The declarations, the operations found, and the declared limits, as report lines."""
     provided, missing = impl.operations, [op for op in OPERATIONS if not impl.provides(op)]
-    lines = [f"implementation: {impl.spec} ({impl.name}): rounding {impl.rounding}, padded rows {impl.padded_rows}, "
+    lines = [f"implementation: {impl.title}: rounding {impl.rounding}, padded rows {impl.padded_rows}, "
              f"checks inputs {'yes' if impl.checks_inputs else 'no'}",
              f"operations found: {', '.join(provided)}"]
     if missing:
@@ -281,14 +281,15 @@ def run_verify(impl_spec: str | None, profile: str, report_dir: pathlib.Path, wo
         recording.write_atomic(report_dir / "report.json", json.dumps(report, indent=2) + "\n")
         return report, report_views.write(report_dir, step_summary)
 
-    with stopping.Handled(lambda name: phase.running and stopping.raise_stopped(name)) as handled:
+    with stopping.Handled(lambda name: None) as handled:
         try:
             publish()  # the properties' verdict, before the map
             if phase.running:
                 print(f"mla-fuse verify: the properties' verdict ({'FAIL' if failed else 'PASS'}) is in "
                       f"{report_dir / 'report.json'}, rewritten as each map finishes; mapping {len(phase.properties)} "
                       f"failing properties, for at most {map_seconds:g} s", flush=True)
-                maps.run_maps(impl, outcomes, profile, phase, phases, known.cells if known else (), on_map=publish)
+                maps.run_maps(impl, outcomes, profile, phase, phases, known.cells if known else (), on_map=publish,
+                              check=lambda: stopping.raise_if_signalled(handled))
             phase.running = False
         except stopping.Stopped as stop:
             phase.stopped, phase.running = stop.name, False
@@ -314,7 +315,7 @@ def run_verify(impl_spec: str | None, profile: str, report_dir: pathlib.Path, wo
 def print_what_ran(impl, profile: str, found: dict, version: str | None, header: list[str]) -> None:
     """The report's first lines: the implementation and its version, the profile, the device and
     backend, the versions, the CPU's vector flags, then the declarations."""
-    lines = [f"{impl.spec} ({impl.name}) version {version or 'unknown'}, {profile} profile",
+    lines = [f"{impl.title} version {version or 'unknown'}, {profile} profile",
              *environment.describe_environment(found), *header]
     print("\n".join(f"mla-fuse verify: {line}" for line in lines), flush=True)
 

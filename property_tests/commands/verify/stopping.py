@@ -2,9 +2,13 @@
 
 - While the properties run (the pytest child): the signal ends the child (terminated, killed if it
   outlasts ``GRACE`` seconds) and ``verify`` exits 2 with one line: no verdict yet.
-- While the map runs (``maps.py``): the signal raises ``Stopped`` where the map is; ``verify``
-  rewrites report.json and its views from what was mapped, the map recorded as stopped, and exits
-  with the verdict the properties gave. A second signal while that is written is noted, not obeyed.
+- While the map runs (``maps.py``): the signal is noted, and the map stops at its next check, before
+  each example and every ``executor.CHECK_EVERY`` seconds while one runs (the example killed):
+  ``check`` raises ``Stopped`` there. ``verify`` rewrites report.json and its views from what was
+  mapped, the map recorded as stopped, and exits with the verdict the properties gave. A second
+  signal while that is written is noted, not obeyed. The handler itself raises nothing: an
+  exception raised where a signal happens to land can be swallowed (inside a finalizer Python
+  prints it and goes on), and the map then ran on to its end.
 
 The handlers are the parent's, installed for those two phases only and restored after.
 """
@@ -50,8 +54,10 @@ class Handled:
             signal.signal(number, handler)
 
 
-def raise_stopped(name: str) -> None:
-    raise Stopped(name)
+def raise_if_signalled(handled: Handled) -> None:
+    """The map's check (``executor.Executor``'s ``check``): ``Stopped`` once a signal came."""
+    if handled.signal is not None:
+        raise Stopped(handled.signal)
 
 
 def run_child(command: list[str], env: dict, announce=lambda: None) -> tuple[int | None, str | None]:
