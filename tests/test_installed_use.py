@@ -136,7 +136,8 @@ def test_a_team_gates_its_kernel_from_its_own_directory(installed, team_dir, els
                  "-n", "2", "-p", "no:cacheprovider", "-q", "-k", "mla_cache_write")
     assert plain.returncode == 0 and " passed" in plain.stdout, plain.stdout[-4000:]
 
-    buggy = _run(installed, team_dir, "mla-fuse", "verify", "--impl", "buggy_kernels:Buggy", "-n", "2")
+    # one map round: the cell's own replay line is the map's; the map's rounds are tests/test_one_defect_one_map.py's
+    buggy = _run(installed, team_dir, "mla-fuse", "verify", "--impl", "buggy_kernels:Buggy", "-n", "2", "--map-rounds", "1")
     assert buggy.returncode == 1 and "verdict: FAIL" in buggy.stdout, buggy.stdout[-4000:]
     printed = rf"replay: (PYTHONPATH={re.escape(str(team_dir))} (\S+) -m mla_fuse_conformance repro /\S+)$"
     found = re.search(printed, buggy.stdout, re.M)  # the interpreter by its path, activated venv or not
