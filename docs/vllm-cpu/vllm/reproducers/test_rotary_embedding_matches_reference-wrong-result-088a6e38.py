@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""rotary_embedding: wrong result on query contiguous: no (not shown needed); tokens not 0 or 1 or 2 or 3 (not shown needed); head_size not 48 (not shown needed); key_place.order (0, 1, 2) (not shown needed); qkv_packed no (not shown needed); rank 3 (not shown needed) (test_rotary_embedding:test_rotary_embedding_matches_reference)
+"""rotary_embedding: wrong result on query contiguous: no (not shown needed); tokens not 0 or 1 or 2 or 3 (not shown needed); head_size not 48 (not shown needed); rank 3; qkv_packed no (test_rotary_embedding:test_rotary_embedding_matches_reference)
 From test_rotary_embedding_matches_reference-vllm-908effbb90.json (`mla-fuse verify`); needs only torch and the
 kernel's package. Exit 0: the buffers hold the float64 formula's values (CONTRACT §5), their guard bytes intact; 1:
 what differs is printed; a crash dies by its signal. `--reference` judges the formula's own values."""
