@@ -163,13 +163,12 @@ class Executor:
     def _wait(self, seconds: float) -> bool:
         """Whether the child's reply came within ``seconds`` (``inf``: no limit), ``check`` called every
         ``CHECK_EVERY`` seconds meanwhile (what it raises goes through: the caller kills the child)."""
-        if self.check is None:
-            return self.connection.poll(None if seconds == float("inf") else seconds)
         end = time.monotonic() + seconds
         while not self.connection.poll(max(0.0, min(CHECK_EVERY, end - time.monotonic()))):
             if time.monotonic() >= end:
                 return False
-            self.check()
+            if self.check is not None:
+                self.check()
         return True
 
     def _ask(self, request: dict, timeout: float | None, budget: float | None = None) -> dict:

@@ -281,7 +281,7 @@ def run_verify(impl_spec: str | None, profile: str, report_dir: pathlib.Path, wo
         recording.write_atomic(report_dir / "report.json", json.dumps(report, indent=2) + "\n")
         return report, report_views.write(report_dir, step_summary)
 
-    with stopping.Handled(lambda name: None) as handled:
+    with stopping.Handled() as handled:
         try:
             publish()  # the properties' verdict, before the map
             if phase.running:
@@ -289,7 +289,7 @@ def run_verify(impl_spec: str | None, profile: str, report_dir: pathlib.Path, wo
                       f"{report_dir / 'report.json'}, rewritten as each map finishes; mapping {len(phase.properties)} "
                       f"failing properties, for at most {map_seconds:g} s", flush=True)
                 maps.run_maps(impl, outcomes, profile, phase, phases, known.cells if known else (), on_map=publish,
-                              check=lambda: stopping.raise_if_signalled(handled))
+                              check=handled.raise_if_signalled)
             phase.running = False
         except stopping.Stopped as stop:
             phase.stopped, phase.running = stop.name, False

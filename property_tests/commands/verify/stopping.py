@@ -32,10 +32,10 @@ class Stopped(BaseException):
 
 
 class Handled:
-    """Within ``with``: SIGTERM and SIGINT handled by ``on_signal(name)`` (the first one; later ones are
-    only counted); the handlers found are restored on leaving."""
+    """Within ``with``: SIGTERM and SIGINT noted in ``signal`` and handled by ``on_signal(name)`` (the
+    first one; later ones are only counted); the handlers found are restored on leaving."""
 
-    def __init__(self, on_signal) -> None:
+    def __init__(self, on_signal=lambda name: None) -> None:
         self.on_signal, self.signal, self.previous = on_signal, None, {}
 
     def __enter__(self) -> "Handled":
@@ -53,11 +53,10 @@ class Handled:
         for number, handler in self.previous.items():
             signal.signal(number, handler)
 
-
-def raise_if_signalled(handled: Handled) -> None:
-    """The map's check (``executor.Executor``'s ``check``): ``Stopped`` once a signal came."""
-    if handled.signal is not None:
-        raise Stopped(handled.signal)
+    def raise_if_signalled(self) -> None:
+        """The map's check (``executor.Executor``'s ``check``): ``Stopped`` once a signal came."""
+        if self.signal is not None:
+            raise Stopped(self.signal)
 
 
 def run_child(command: list[str], env: dict, announce=lambda: None) -> tuple[int | None, str | None]:
