@@ -27,12 +27,12 @@ def pytest_collection_modifyitems(config, items):
     """Tests marked ``nightly`` are deselected unless ``--nightly``, which selects them alone: second
     real end-to-end runs of a mechanism that a faster test shows on fixtures and one end-to-end run
     already shows per change (README, "CI": `ci/nightly.sh tests`)."""
-    nightly = config.getoption("--nightly")
-    keep = [item for item in items if (item.get_closest_marker(NIGHTLY) is not None) == nightly]
-    if len(keep) < len(items):
-        kept = set(map(id, keep))
-        config.hook.pytest_deselected(items=[item for item in items if id(item) not in kept])
-        items[:] = keep
+    nightly, selected, deselected = config.getoption("--nightly"), [], []
+    for item in items:
+        (selected if (item.get_closest_marker(NIGHTLY) is not None) == nightly else deselected).append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = selected
 
 
 def pytest_configure(config):
