@@ -22,11 +22,15 @@ checks' share of the host time of a call without its launch: ``same / op``, and
 
 ``--launch`` adds the real calls, launches included, of the fused MLA op at T=1, H=128 (a decode
 step of DeepSeek-V3 with all 128 heads on one GPU): ``torch.ops.mla_fuse.<op>``,
-``mla_fuse.ops.<op>`` and two trivial ops for scale (an empty op of the same schema, and
-``aten.add_`` on a one-element tensor), as host CPU time and wall time per call of a loop of
-calls (the wall time of a run ends with a device sync; at T=1 the host, not the GPU, sets the
-pace). On a GPU that is the eager cost to compare with the kernel's few microseconds; on a CPU
-the launch is Triton's interpreter running the kernel, and fewer calls are timed.
+``mla_fuse.ops.<op>``, the same ``torch.ops`` call with every launch through Triton's
+``JITFunction.run`` (the kernel's ``launcher.Launcher`` table kept empty: what a call cost before
+it), and two trivial ops for scale (an empty op of the same schema, and ``aten.add_`` on a
+one-element tensor), as host CPU time and wall time per call of a loop of calls (the wall time of a
+run ends with a device sync; at T=1 the host, not the GPU, sets the pace). On a GPU that is the
+eager cost to compare with the kernel's few microseconds, and the functions a ``torch.ops`` call
+spends its host time in follow (``cProfile`` of 2000 calls, by own time; cProfile inflates Python
+code against C, so read it for where the time goes, not for totals). On a CPU the launch is
+Triton's interpreter running the kernel, fewer calls are timed, and there is no table.
 
     python benchmarks/bench_validation.py [--device cuda] [--repeats 7] [--launch]
 """
@@ -35,6 +39,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
+import io
+import pstats
 import time
 import timeit
 
@@ -161,16 +168,43 @@ def host_us(call, device: str, repeats: int, number: int) -> tuple[float, float]
     return cpu / number * 1e6, wall / number * 1e6
 
 
+class _NeverKept(dict):
+    """A ``Launcher.compiled`` table that keeps nothing: every launch is Triton's ``kernel[grid](...)``."""
+
+    def __setitem__(self, key, value):
+        pass
+
+
 def launched_rows(device: str, repeats: int) -> dict[str, tuple[float, float]]:
     values = list(mla_args(1, device, heads=128).values())
     tiny = torch.zeros(1, device=device)
     trivial = {"empty op, same schema (dispatch only)": lambda: torch.ops.mla_fuse_bench.empty.default(*values),
                "aten.add_ on 1 element": lambda: torch.ops.aten.add_.Scalar(tiny, 1.0)}
-    ours = {f"torch.ops.mla_fuse.{LAUNCHED}": lambda: getattr(torch.ops.mla_fuse, LAUNCHED).default(*values),
+    op = getattr(torch.ops.mla_fuse, LAUNCHED).default
+    ours = {f"torch.ops.mla_fuse.{LAUNCHED}": lambda: op(*values),
             f"mla_fuse.ops.{LAUNCHED}": lambda: getattr(ops, LAUNCHED)(*values)}
     runs, calls = (repeats, 2000) if device == "cuda" else (min(repeats, 3), 3)  # interpreted: ms a launch
-    return {**{name: host_us(call, device, repeats, 2000) for name, call in trivial.items()},
+    rows = {**{name: host_us(call, device, repeats, 2000) for name, call in trivial.items()},
             **{name: host_us(call, device, runs, calls) for name, call in ours.items()}}
+    with replaced(mla_rope_cache.launcher, "compiled", _NeverKept()):
+        rows[f"torch.ops.mla_fuse.{LAUNCHED}, every launch Triton's run"] = host_us(lambda: op(*values), device,
+                                                                                  runs, calls)
+    return rows
+
+
+def launch_profile(device: str, calls: int = 2000, lines: int = 14) -> str:
+    """The functions ``calls`` real ``torch.ops`` calls spend their host time in, by own time."""
+    values = list(mla_args(1, device, heads=128).values())
+    op = getattr(torch.ops.mla_fuse, LAUNCHED).default
+    op(*values)
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(calls):
+        op(*values)
+    profile.disable()
+    out = io.StringIO()
+    pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(lines)
+    return out.getvalue()
 
 
 def main() -> None:
@@ -193,12 +227,15 @@ def main() -> None:
     if options.launch:
         name = torch.cuda.get_device_name() if options.device == "cuda" else "CPU, Triton's interpreter"
         print(f"\nreal calls, T=1, H=128, fp8 cache, on {name}: host microseconds per call")
-        print(f"{'call':60} {'cpu':>8} {'wall':>8}")
+        print(f"{'call':72} {'cpu':>8} {'wall':>8}")
         rows = launched_rows(options.device, options.repeats)
         for call, (cpu, wall) in rows.items():
-            print(f"{call:60} {cpu:8.1f} {wall:8.1f}")
+            print(f"{call:72} {cpu:8.1f} {wall:8.1f}")
         for call, (cpu, wall) in rows.items():  # the lines ci/gpu.sh's summary shows
             print(f"summary: {call}: {cpu:.1f} us host CPU, {wall:.1f} us wall per call (T=1, H=128, {name})")
+        if options.device == "cuda":
+            print("\nwhere a torch.ops call's host time goes (cProfile, 2000 calls, by own time):")
+            print(launch_profile(options.device))
 
 
 if __name__ == "__main__":

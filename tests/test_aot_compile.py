@@ -178,9 +178,10 @@ def worker() -> None:
     JITFunction.run = lambda self, *args, grid, warmup, **kwargs: captured.append((self, args, kwargs))
 
     from mla_fuse import ops, validation
-    from mla_fuse.kernels import INTERPRETED
+    from mla_fuse.kernels import INTERPRETED, launcher
 
     validation.require_kernel_device = lambda *args: None  # CPU tensors: the launches are captured, never run
+    launcher.current_device = lambda: 0  # no GPU driver here; run returns no kernel, so nothing is kept
 
     assert not INTERPRETED
     results = {}

@@ -163,25 +163,64 @@ def sibling(case):
     return None if case.tokens == 0 else dataclasses.replace(case, **changes)
 
 
-def _key_recorder(keys: dict):
-    """A ``JITFunction.run`` that records the key Triton's ``run`` would compile under, for sm_90."""
+STREAM = 12345  # the stream the worker's launcher reports; a launch through the table must be given it
+# what each launch through a Launcher's table must get right (``_Compiled``)
+LAUNCH_CHECKS = ("same_key", "same_grid", "same_args", "same_stream")
+
+
+class _Compiled:
+    """What ``JITFunction.run`` returns here in place of a ``CompiledKernel``: the key it was "compiled"
+    under, and a launcher (``compiled[grid](*args, stream=)``, as ``CompiledKernel``'s) that compares
+    each launch ``launcher.Launcher`` makes through it with the launch Triton's ``run`` would have made
+    for that call (``intended``: its key, grid and arguments in signature order)."""
+
+    def __init__(self, key, intended, direct):
+        self.key, self.intended, self.direct = key, intended, direct
+
+    def __getitem__(self, grid):
+        def runner(*args, stream=None):
+            kernel, key, bound, wanted_grid = self.intended[0]
+            self.direct.append(dict(kernel=kernel, same_key=self.key == key, same_grid=tuple(grid) == wanted_grid,
+                                    same_args=list(args) == bound, same_stream=stream == STREAM))
+
+        return runner
+
+
+def _key_recorder(keys: dict, direct: list):
+    """``(run, call)``: ``run`` replaces ``JITFunction.run`` (records nothing: returns a ``_Compiled``
+    of the call's key); ``call`` replaces ``Launcher.__call__``: it records the key Triton's ``run``
+    would compile the call under, for sm_90, then calls the Launcher, whose launches through its table
+    append to ``direct``."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import make_backend
     from triton.runtime.jit import compute_cache_key, create_function_from_signature
 
+    from mla_fuse.kernels.launcher import Launcher
+
     backend = make_backend(GPUTarget("cuda", 90, 32))
-    binders = {}
+    binders, intended = {}, [None]
+    launch = Launcher.__call__
+
+    def triton_key(fn, args, kwargs):
+        if fn not in binders:
+            binders[fn] = create_function_from_signature(fn.signature, fn.params, backend)
+        bound, specialization, options = binders[fn](*args, **kwargs)
+        return compute_cache_key({}, specialization, options), specialization, options, list(bound.values())
+
+    def call(self, grid, args, constexprs, aligned):
+        fn = self.kernel
+        key, specialization, options, bound = triton_key(fn, args, dict(constexprs, ALIGNED=aligned))
+        layout = (tuple((name, kind) for name, (kind, *_) in zip(fn.arg_names, specialization) if kind[0] == "*")
+                  + tuple((name, value) for name, (kind, value) in zip(fn.arg_names, specialization)
+                          if kind == "constexpr" and structural(name)) + (str(options),))
+        keys.setdefault(fn.__name__, []).append((key, layout))
+        intended[0] = (fn.__name__, key, bound, (*grid, 1, 1)[:3])
+        launch(self, grid, args, constexprs, aligned)
 
     def run(self, *args, grid, warmup, **kwargs):
-        if self not in binders:
-            binders[self] = create_function_from_signature(self.signature, self.params, backend)
-        _, specialization, options = binders[self](*args, **kwargs)
-        layout = (tuple((name, kind) for name, (kind, *_) in zip(self.arg_names, specialization) if kind[0] == "*")
-                  + tuple((name, value) for name, (kind, value) in zip(self.arg_names, specialization)
-                          if kind == "constexpr" and structural(name)) + (str(options),))
-        keys.setdefault(self.__name__, []).append((compute_cache_key({}, specialization, options), layout))
+        return _Compiled(triton_key(self, args, kwargs)[0], intended, direct)
 
-    return run
+    return run, call
 
 
 def structural(name: str) -> bool:
@@ -198,17 +237,35 @@ def _call(ops, operation: str, args: dict) -> None:
 
 def _timing(ops, operation: str, args: dict, repeats: int = 2000, rounds: int = 7) -> dict:
     """Host microseconds per call (best of ``rounds``) of the fused MLA op and of its kernel module's
-    ``launch``, with ``JITFunction.run`` a no-op: what the launcher costs, nothing of Triton's."""
+    ``launch``, the compiled kernel's launcher a no-op (what our side costs up to Triton's C launcher),
+    and of the work Triton's ``JITFunction.run`` does on every call before that launcher, which
+    ``launcher.Launcher`` does once per layout: the binder and the compile key, for sm_90."""
     import inspect
 
-    from triton.runtime.jit import JITFunction
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.runtime.jit import JITFunction, compute_cache_key, create_function_from_signature
 
     from mla_fuse.kernels import mla_rope_cache
 
-    JITFunction.run = lambda self, *args, grid, warmup, **kwargs: None
+    class NoLaunch:
+        def __getitem__(self, grid):
+            return lambda *args, stream=None: None
+
+    calls = []
+    JITFunction.run = lambda self, *args, grid, warmup, **kwargs: calls.append((self, args, kwargs)) or NoLaunch()
     names = list(inspect.signature(mla_rope_cache.launch).parameters)
     values = dict(args, fp8_format=None)
     launch_args = [values[name] for name in names]
+    mla_rope_cache.launcher.compiled.clear()  # its first launch goes through JITFunction.run, recorded
+    mla_rope_cache.launch(*launch_args)
+    kernel, bound, kwargs = calls[-1]
+    binder = create_function_from_signature(kernel.signature, kernel.params, make_backend(GPUTarget("cuda", 90, 32)))
+    key_cache = {}
+
+    def triton_run_prelude():
+        _, specialization, options = binder(*bound, **kwargs)
+        return compute_cache_key(key_cache, specialization, options)
 
     def best(call) -> float:
         times = []
@@ -220,7 +277,8 @@ def _timing(ops, operation: str, args: dict, repeats: int = 2000, rounds: int = 
         return round(min(times), 2)
 
     return {"op_us": best(lambda: _call(ops, operation, args)),
-            "launch_us": best(lambda: mla_rope_cache.launch(*launch_args))}
+            "launch_us": best(lambda: mla_rope_cache.launch(*launch_args)),
+            "triton_bind_and_key_us": best(triton_run_prelude)}
 
 
 def _timing_case():
@@ -239,12 +297,18 @@ def worker(count: int, timing: bool) -> None:
     from triton.runtime.jit import JITFunction
 
     keys: dict[str, list] = {}
-    JITFunction.run = _key_recorder(keys)
+    direct: list[dict] = []
+    from mla_fuse.kernels import launcher
+
+    launcher_call = launcher.Launcher.__call__
+    JITFunction.run, launcher.Launcher.__call__ = _key_recorder(keys, direct)
     from mla_fuse import ops, validation
     from mla_fuse_conformance.cases import strategies, tensors
     from mla_fuse_conformance.settings import profiles  # noqa: F401  (registers mla_fuse.gpu)
 
     validation.require_kernel_device = lambda *args: None  # CPU tensors: launches are recorded, never run
+    launcher.current_device = lambda: 0  # no GPU driver here
+    launcher.current_stream = lambda device: STREAM
     _cheap_builders()
     started = time.perf_counter()
     cases = {}
@@ -260,10 +324,13 @@ def worker(count: int, timing: bool) -> None:
     result = {"keys": {kernel: len({key for key, _ in found}) for kernel, found in sorted(keys.items())},
               "layouts": {kernel: len({layout for _, layout in found}) for kernel, found in sorted(keys.items())},
               "launches": {kernel: len(found) for kernel, found in sorted(keys.items())},
+              "direct": {kernel: sum(1 for launch in direct if launch["kernel"] == kernel) for kernel in sorted(keys)},
+              "direct_wrong": [launch for launch in direct if not all(launch[check] for check in LAUNCH_CHECKS)][:5],
               "cases": {op: len(found) for op, found in cases.items()},
               "siblings": {op: len(found) for op, found in siblings.items()},
               "seconds": {"draw": round(drawn - started, 1), "build_and_call": round(time.perf_counter() - drawn, 1)}}
     if timing:
+        launcher.Launcher.__call__ = launcher_call
         result["timing"] = _timing(ops, "concat_and_cache_mla_rope_fused",
                                    tensors.build(_timing_case(), "cpu").args)
     print("COMPILE-KEYS " + json.dumps(result))
@@ -302,6 +369,10 @@ def test_gpu_profile_compiles_within_budget():
              if keys[kernel] != layouts[kernel]}
     assert not split, (f"something besides structure (an exact size, an integer's value, a pointer's alignment) is "
                        f"in the compile key: {split}")
+    assert all(result["direct"].values()), f"a kernel never launched through its Launcher's table: {result['direct']}"
+    assert not result["direct_wrong"], (f"a launch through a Launcher's table is not the launch Triton's run would "
+                                        f"make (another compile key, grid, arguments or stream): "
+                                        f"{result['direct_wrong']}")
     over = {kernel: f"{found}/{BUDGET[kernel]}" for kernel, found in keys.items() if found > BUDGET[kernel]}
     assert not over, f"compiled variants over budget (keys/budget): {over}; all: {keys}"
 

@@ -7,7 +7,7 @@ definitions compiled alone with the real ``triton`` and ``tl``, built for our ba
 ``exact_interpreter_casts`` (the interpreter's fp8/bf16 conversions and bf16 arithmetic made a GPU's).
 Here the same loader reads ``mla_fuse/kernels/*.py``: the ``@jit`` helpers of ``conversions.py``,
 ``indexing.py`` and ``rotation.py``, each file given exactly the helpers it imports, then the kernel of
-each operation; the kernel our launcher calls (the module attribute) is replaced by the loaded one and
+each operation; the module's ``launcher`` is replaced by one launching the loaded kernel and
 the public op (``mla_fuse.ops``, validation included) runs under the corrections. Fixed cases of all five
 operations (fp32/bf16/fp16 inputs; auto, float32, fp8 E4M3/E5M2 caches as uint8 and float8; fp8 values
 that round, saturate, are NaN or subnormal) must (1) pass against the reference as our tests judge them
@@ -196,15 +196,19 @@ def _bits(tensor):
 
 def run(operation, arguments, kernel=None, monkeypatch=None, corrected=True):
     """The arguments after ``mla_fuse.ops.<operation>`` ran on copies of them: with our kernel, or with
-    ``kernel`` in its place (the launcher's module attribute) under ``exact_interpreter_casts`` (without
-    it: ``corrected=False``)."""
+    ``kernel`` in its place (the module's ``launcher`` replaced by Triton's ``kernel[grid](...)``) under
+    ``exact_interpreter_casts`` (without it: ``corrected=False``)."""
     copies = [a.clone() if isinstance(a, torch.Tensor) else a for a in arguments]
     if kernel is None:
         getattr(ops, operation)(*copies)
         return copies
-    module, name = KERNEL_OF[operation]
+    module, _ = KERNEL_OF[operation]
+
+    def launcher(grid, args, constexprs, aligned):  # as mla_fuse.kernels.launcher.Launcher is called
+        kernel[grid](*args, ALIGNED=aligned, **constexprs)
+
     with monkeypatch.context() as patch:
-        patch.setattr(module, name, kernel)
+        patch.setattr(module, "launcher", launcher)
         with exact_interpreter_casts() if corrected else contextlib.nullcontext():
             getattr(ops, operation)(*copies)
     return copies

@@ -86,6 +86,18 @@ def aligned(*byte_values: int) -> bool:
     return combined % VECTOR_BYTES == 0
 
 
+class Constexprs(dict):
+    """A layout's constexprs and compile options (``kernel[grid](..., **constexprs)``), with
+    ``layout``: the same as a tuple, hashable, computed once (``launch_config`` memoizes it), the
+    part of a ``launcher.Launcher`` key that stands for Triton's constexprs and options."""
+
+    __slots__ = ("layout",)
+
+    def __init__(self, **values):
+        super().__init__(**values)
+        self.layout = tuple(values.items())
+
+
 def cdiv(a: int, b: int) -> int:
     """``ceil(a / b)`` for non-negative ints."""
     return -(-a // b)

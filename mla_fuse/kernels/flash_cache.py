@@ -42,6 +42,7 @@ import triton.language as tl
 from mla_fuse.kernels import EVERY_ARGUMENT, config, jit
 from mla_fuse.kernels.conversions import FP8_FORMATS
 from mla_fuse.kernels.indexing import cache_slots, head_range, store_heads, token_range
+from mla_fuse.kernels.launcher import Launcher
 
 
 @jit(do_not_specialize=EVERY_ARGUMENT, do_not_specialize_on_alignment=EVERY_ARGUMENT)
@@ -91,12 +92,16 @@ def launch_config(num_slots: int, num_kv_heads: int, head_size: int, value_head_
     block_head, block_value_head = config.block(head_size), config.block(value_head_size)
     block_tokens = config.token_block(num_slots, block_kv_heads * (head_size + value_head_size))
     grid = (config.cdiv(num_slots, block_tokens), config.cdiv(num_kv_heads, kv_heads_per_program))
-    return grid, kv_heads_per_program, dict(
+    return grid, kv_heads_per_program, config.Constexprs(
         FP8_FORMAT=FP8_FORMATS[fp8_format], BLOCK_TOKENS=block_tokens, BLOCK_KV_HEADS=block_kv_heads,
         BLOCK_HEAD=block_head, BLOCK_VALUE_HEAD=block_value_head, FULL_HEAD=head_size == block_head,
         FULL_VALUE_HEAD=value_head_size == block_value_head,
         num_warps=config.num_warps(block_tokens * block_kv_heads * (block_head + block_value_head)),
         **config.COMPILE_OPTIONS)
+
+
+#: the kernel's launches, Triton's per-call binding done once per layout (launcher.py)
+launcher = Launcher(flash_cache_kernel)
 
 
 def launch(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
@@ -117,11 +122,10 @@ def launch(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, valu
         key.element_size() * (stride_key[0] | stride_key[1] | stride_value[0] | stride_value[1]),
         key_cache.element_size() * (stride_key_cache[0] | stride_key_cache[1] | stride_key_cache[2]
                                     | stride_value_cache[0] | stride_value_cache[1] | stride_value_cache[2]))
-    flash_cache_kernel[grid](
+    launcher(grid, (
         key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale,
         num_slots, num_kv_heads, kv_heads_per_program, key_cache.size(1), head_size, value_head_size,
         stride_key[0], stride_key[1], stride_value[0], stride_value[1], slot_mapping.stride(0),
         *stride_key_cache[:3], *stride_value_cache[:3],
         config.scale_stride(k_scale), config.scale_stride(v_scale),
-        ALIGNED=aligned, **constexprs,
-    )
+    ), constexprs, aligned)

@@ -54,6 +54,7 @@ import triton.language as tl
 from mla_fuse.kernels import EVERY_ARGUMENT, config, jit
 from mla_fuse.kernels.conversions import FP8_FORMATS, quantize
 from mla_fuse.kernels.indexing import cache_slots, head_range, store_heads, token_range
+from mla_fuse.kernels.launcher import Launcher
 from mla_fuse.kernels.rotation import load_cos_sin, rotate_in_place, store_pairs
 
 
@@ -143,13 +144,17 @@ def launch_config(num_tokens: int, num_query_heads: int, num_kv_heads: int, head
     tile_elements = block_query_heads * 2 * block_half + block_kv_heads * (2 * block_half + block_tail
                                                                             + block_value_head)
     grid = (config.cdiv(num_tokens, block_tokens), num_head_blocks)
-    return grid, query_heads_per_program, kv_heads_per_program, dict(
+    return grid, query_heads_per_program, kv_heads_per_program, config.Constexprs(
         IS_NEOX=is_neox, FP8_FORMAT=FP8_FORMATS[fp8_format], HAS_TAIL=tail > 0, BLOCK_TOKENS=block_tokens,
         BLOCK_QUERY_HEADS=block_query_heads, BLOCK_KV_HEADS=block_kv_heads, BLOCK_HALF=block_half,
         BLOCK_TAIL=block_tail, BLOCK_VALUE_HEAD=block_value_head, FULL_HALF=half == block_half,
         FULL_TAIL=tail == block_tail, FULL_HEAD=half == block_half and tail == block_tail,
         FULL_VALUE_HEAD=value_head_size == block_value_head,
         num_warps=config.num_warps(block_tokens * tile_elements), **config.COMPILE_OPTIONS)
+
+
+#: the kernel's launches, Triton's per-call binding done once per layout (launcher.py)
+launcher = Launcher(flash_rope_cache_kernel)
 
 
 def launch(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -180,7 +185,7 @@ def launch(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, valu
         cos_sin_cache.element_size() * (stride_table[0] | half),
         key_cache.element_size() * (stride_key_cache[0] | stride_key_cache[1] | stride_key_cache[2]
                                     | stride_value_cache[0] | stride_value_cache[1] | stride_value_cache[2] | inner))
-    flash_rope_cache_kernel[grid](
+    launcher(grid, (
         positions, query, key, value, cos_sin_cache, slot_mapping, key_cache, value_cache, k_scale, v_scale,
         num_tokens, num_query_heads, num_kv_heads, query_heads_per_program, kv_heads_per_program,
         slot_mapping.size(0), key_cache.size(1), head_size, value_head_size, half,
@@ -188,5 +193,4 @@ def launch(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, valu
         stride_value[0], stride_value[1], stride_table[0], slot_mapping.stride(0),
         *stride_key_cache[:3], *stride_value_cache[:3],
         config.scale_stride(k_scale), config.scale_stride(v_scale),
-        ALIGNED=aligned, **constexprs,
-    )
+    ), constexprs, aligned)

@@ -40,6 +40,7 @@ import triton.language as tl
 from mla_fuse.kernels import EVERY_ARGUMENT, config, jit
 from mla_fuse.kernels.conversions import FP8_FORMATS, quantize
 from mla_fuse.kernels.indexing import cache_slots, entry_rows, token_range
+from mla_fuse.kernels.launcher import Launcher
 
 
 @jit(do_not_specialize=EVERY_ARGUMENT, do_not_specialize_on_alignment=EVERY_ARGUMENT)
@@ -92,10 +93,14 @@ def launch_config(num_slots: int, latent_dim: int, rotary_dim: int, fp8_format: 
     """(grid, constexprs and options) of a layout; memoized (``config``)."""
     block_tokens = config.token_block(num_slots, latent_dim + rotary_dim)
     block_latent, block_rotary = config.block(latent_dim), config.block(rotary_dim)
-    return (config.cdiv(num_slots, block_tokens),), dict(
+    return (config.cdiv(num_slots, block_tokens),), config.Constexprs(
         FP8_FORMAT=FP8_FORMATS[fp8_format], BLOCK_TOKENS=block_tokens, BLOCK_LATENT=block_latent,
         BLOCK_ROTARY=block_rotary, FULL_LATENT=latent_dim == block_latent, FULL_ROTARY=rotary_dim == block_rotary,
         num_warps=config.num_warps(block_tokens * (block_latent + block_rotary)), **config.COMPILE_OPTIONS)
+
+
+#: the kernel's launches, Triton's per-call binding done once per layout (launcher.py)
+launcher = Launcher(mla_cache_kernel)
 
 
 def launch(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
@@ -112,9 +117,8 @@ def launch(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, slot_
     aligned = config.aligned(kv_c.data_ptr(), k_pe.data_ptr(), kv_cache.data_ptr(),
                              kv_c.element_size() * (stride_kv_c[0] | stride_k[0]),
                              kv_cache.element_size() * (stride_cache[0] | stride_cache[1] | latent_dim))
-    mla_cache_kernel[grid](
+    launcher(grid, (
         kv_c, k_pe, slot_mapping, kv_cache, scale,
         num_slots, kv_cache.size(1), latent_dim, rotary_dim,
         stride_kv_c[0], stride_k[0], slot_mapping.stride(0), stride_cache[0], stride_cache[1],
-        ALIGNED=aligned, **constexprs,
-    )
+    ), constexprs, aligned)

@@ -50,6 +50,7 @@ import triton.language as tl
 from mla_fuse.kernels import EVERY_ARGUMENT, config, jit
 from mla_fuse.kernels.conversions import FP8_FORMATS, quantize
 from mla_fuse.kernels.indexing import cache_slots, entry_rows, head_range, token_range
+from mla_fuse.kernels.launcher import Launcher
 from mla_fuse.kernels.rotation import load_cos_sin, rotate_in_place, store_pairs
 
 
@@ -125,11 +126,15 @@ def launch_config(num_tokens: int, num_heads: int, rotary_dim: int, latent_dim: 
     block_tokens = config.token_block(num_tokens, block_heads * rotary_dim + latent_dim + rotary_dim)
     # head block 0 also rotates k_pe and writes the cache, so there is one even without query heads
     grid = (config.cdiv(num_tokens, block_tokens), max(config.cdiv(num_heads, heads_per_program), 1))
-    return grid, heads_per_program, dict(
+    return grid, heads_per_program, config.Constexprs(
         IS_NEOX=is_neox, FP8_FORMAT=FP8_FORMATS[fp8_format], BLOCK_TOKENS=block_tokens, BLOCK_HEADS=block_heads,
         BLOCK_LATENT=block_latent, BLOCK_HALF=block_half, FULL_LATENT=latent_dim == block_latent,
         FULL_HALF=half == block_half, num_warps=config.num_warps(block_tokens * block_heads * 2 * block_half),
         **config.COMPILE_OPTIONS)
+
+
+#: the kernel's launches, Triton's per-call binding done once per layout (launcher.py)
+launcher = Launcher(mla_rope_cache_kernel)
 
 
 def launch(positions: torch.Tensor, q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tensor,
@@ -153,10 +158,9 @@ def launch(positions: torch.Tensor, q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c
         q_pe.element_size() * (stride_q[0] | stride_q[1] | stride_k[0] | stride_kv_c[0] | neox_half),
         cos_sin_cache.element_size() * (stride_table[0] | half),
         kv_cache.element_size() * (stride_cache[0] | stride_cache[1] | latent_dim | neox_half))
-    mla_rope_cache_kernel[grid](
+    launcher(grid, (
         positions, q_pe, k_pe, kv_c, cos_sin_cache, slot_mapping, kv_cache, scale,
         num_tokens, num_heads, heads_per_program, slot_mapping.size(0), kv_cache.size(1), latent_dim, half,
         positions.stride(0), stride_q[0], stride_q[1], stride_k[0], stride_kv_c[0],
         stride_table[0], slot_mapping.stride(0), stride_cache[0], stride_cache[1],
-        ALIGNED=aligned, **constexprs,
-    )
+    ), constexprs, aligned)

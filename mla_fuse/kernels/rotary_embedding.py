@@ -40,6 +40,7 @@ import triton.language as tl
 
 from mla_fuse.kernels import EVERY_ARGUMENT, config, jit
 from mla_fuse.kernels.indexing import head_range, token_range
+from mla_fuse.kernels.launcher import Launcher
 from mla_fuse.kernels.rotation import load_cos_sin, rotate_in_place
 
 
@@ -103,10 +104,14 @@ def launch_config(num_tokens: int, num_query_heads: int, num_key_heads: int, has
     block_tokens = config.token_block(num_tokens, (block_query_heads + block_key_heads) * rotary_dim)
     block_half = config.block(half)
     grid = (config.cdiv(num_tokens, block_tokens), num_head_blocks)
-    return grid, query_heads_per_program, key_heads_per_program, dict(
+    return grid, query_heads_per_program, key_heads_per_program, config.Constexprs(
         IS_NEOX=is_neox, HAS_KEY=has_key, BLOCK_TOKENS=block_tokens, BLOCK_QUERY_HEADS=block_query_heads,
         BLOCK_KEY_HEADS=block_key_heads, BLOCK_HALF=block_half, FULL_HALF=half == block_half,
         num_warps=config.num_warps(block_tokens * block_query_heads * 2 * block_half), **config.COMPILE_OPTIONS)
+
+
+#: the kernel's launches, Triton's per-call binding done once per layout (launcher.py)
+launcher = Launcher(rotary_embedding_kernel)
 
 
 def launch(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None, head_size: int,
@@ -131,9 +136,8 @@ def launch(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | Non
         query.element_size() * (stride_query_token | stride_query_head | stride_key_token | stride_key_head
                                 | neox_half),
         cos_sin_cache.element_size() * (stride_table | half))
-    rotary_embedding_kernel[grid](
+    launcher(grid, (
         positions, query, query if key is None else key, cos_sin_cache,
         num_tokens, num_query_heads, num_key_heads, query_heads_per_program, key_heads_per_program, half,
         positions.stride(0), stride_query_token, stride_query_head, stride_key_token, stride_key_head, stride_table,
-        ALIGNED=aligned, **constexprs,
-    )
+    ), constexprs, aligned)

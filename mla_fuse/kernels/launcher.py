@@ -1,0 +1,111 @@
+"""A kernel's launches on the GPU with Triton's per-call work done once per layout.
+
+``kernel[grid](*args, **constexprs)`` is Triton's ``JITFunction.run`` on every call: it binds the
+arguments to the signature and specialises each of them (a generated binder), builds the compile
+key, looks the kernel up, then launches the compiled kernel. On a decode step that host work is
+most of what an eager call costs (docs/GPU.md, "What a call costs on the host"). Our kernels keep
+every runtime argument out of Triton's specialisation (``do_not_specialize`` and
+``do_not_specialize_on_alignment`` for all of them, every integer annotated ``tl.int64``), so the key
+Triton would compute is a function of three things the launcher knows without binding anything:
+
+* the layout: the constexpr values and compile options (``config.Constexprs.layout``, memoized per
+  layout by each kernel's ``launch_config``) and the per-call ``ALIGNED`` flag;
+* the pointers' element types (one ``dtype`` read per tensor argument);
+* the current device (Triton keeps one kernel cache per device).
+
+``Launcher`` keys its own table on exactly those. A key's first launch goes through
+``kernel[grid](...)`` (Triton binds, compiles or finds the kernel, launches, and returns the
+compiled kernel); later launches of the key call that compiled kernel's own launcher,
+``CompiledKernel[grid](*args)``: the same call Triton's ``run`` ends with (the launch-metadata hook,
+``launch_enter_hook``/``launch_exit_hook``, and the C launcher, with the arguments and constexprs in
+signature order), without the binder and the key. Triton 3.6 through 3.9 have that method with the
+same meaning. That a key never mixes two Triton compile keys is checked on the CPU for the ``gpu``
+profile's cases (``tests/test_compile_keys.py``: every launch through the table is given the key
+Triton's binder computes for it).
+
+What is not kept: Triton's check that the globals a kernel read at compile time are unchanged (our
+kernels read module constants only) and its ``pre_run_hooks`` (none are registered on our kernels).
+On the interpreter nothing is compiled and every launch is ``kernel[grid](...)``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Callable
+
+from mla_fuse.kernels import INTERPRETED
+
+
+def _current_device() -> int:
+    """The device Triton launches on (its kernel caches are per device)."""
+    _resolve()
+    return current_device()
+
+
+def _current_stream(device: int) -> int:
+    """The stream Triton launches on: the current torch stream of ``device``."""
+    _resolve()
+    return current_stream(device)
+
+
+def _resolve() -> None:
+    """Bind ``current_device`` and ``current_stream`` to Triton's active driver's (chosen on first use)."""
+    from triton.runtime.driver import driver
+
+    global current_device, current_stream
+    current_device, current_stream = driver.active.get_current_device, driver.active.get_current_stream
+
+
+#: ``() -> int``: the current device, as Triton's ``run`` reads it (Triton's own getter after the first call).
+current_device: Callable[[], int] = _current_device
+#: ``(device) -> int``: the current stream of a device, likewise.
+current_stream: Callable[[int], int] = _current_stream
+
+
+class Launcher:
+    """``launcher(grid, args, constexprs, aligned)`` launches ``kernel[grid](*args, **constexprs,
+    ALIGNED=aligned)``; ``constexprs`` is a ``config.Constexprs`` (constexprs and options of a layout)."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        parameters = list(inspect.signature(kernel.fn).parameters.values())
+        runtime = [p for p in parameters if "constexpr" not in str(p.annotation)]
+        #: positions of the pointer (tensor) arguments: the runtime ones with no type annotation
+        self.pointers = tuple(i for i, p in enumerate(runtime) if p.annotation is inspect.Parameter.empty)
+        #: the constexprs in signature order (Triton's launcher takes them after the runtime arguments)
+        self.constexpr_names = tuple(p.name for p in parameters if p not in runtime)
+        if parameters[:len(runtime)] != runtime:
+            raise TypeError(f"{kernel.fn.__name__}: constexprs must follow every runtime argument")
+        if not INTERPRETED:
+            names = {p.name for p in runtime}
+            kept = names - set(kernel.do_not_specialize) | names - set(kernel.do_not_specialize_on_alignment)
+            if kept:  # their values or alignment would be in Triton's key and not in ours
+                raise TypeError(f"{kernel.fn.__name__}: arguments {sorted(kept)} are specialised by Triton; "
+                                f"Launcher needs jit(do_not_specialize=EVERY_ARGUMENT, "
+                                f"do_not_specialize_on_alignment=EVERY_ARGUMENT)")
+        #: key -> (compiled kernel, constexpr values in signature order)
+        self.compiled: dict[tuple, tuple] = {}
+
+    def __call__(self, grid: tuple, args: tuple, constexprs, aligned: bool) -> None:
+        if INTERPRETED:
+            self.kernel[grid](*args, ALIGNED=aligned, **constexprs)
+            return
+        device = current_device()
+        key = (constexprs.layout, aligned, device, *[args[i].dtype for i in self.pointers])
+        found = self.compiled.get(key)
+        if found is None:
+            self._first(key, grid, args, dict(constexprs, ALIGNED=aligned))
+            return
+        compiled, constants = found
+        compiled[grid if len(grid) == 3 else (*grid, 1, 1)[:3]](*args, *constants, stream=current_stream(device))
+
+    def _first(self, key: tuple, grid: tuple, args: tuple, constexprs: dict) -> None:
+        """Triton's own launch; keeps the compiled kernel it returns for the key's later launches."""
+        compiled = self.kernel[grid](*args, **constexprs)
+        if hasattr(compiled, "result"):  # Triton's asynchronous compile mode returns a future
+            compiled = compiled.result()
+        if compiled is not None:
+            self.compiled[key] = (compiled, tuple(constexprs[name] for name in self.constexpr_names))
+
+
+__all__ = ["Launcher", "current_device", "current_stream"]
