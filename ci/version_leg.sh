@@ -29,10 +29,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CI=true
 
-# The kernels, the custom ops and the interpreter's conversions (need only the test extra, and no
-# hypothesis); failure files and databases (hypothesis' own formats: files written under the newest
-# hypothesis replay here, tests/data/replay/).
-KERNEL_TESTS=(tests/test_kernels.py tests/test_custom_ops.py tests/test_interpreter_conversions.py)
+# The kernels, the custom ops, the interpreter's conversions and the launcher's refusals (which read
+# Triton's jit options) need only the test extra, and no hypothesis; failure files and databases
+# (hypothesis' own formats: files written under the newest hypothesis replay here, tests/data/replay/).
+KERNEL_TESTS=(tests/test_kernels.py tests/test_custom_ops.py tests/test_interpreter_conversions.py
+              tests/test_launcher.py)
 HYPOTHESIS_TESTS=(tests/test_replay_files.py tests/test_database_versions.py)
 # The compile passes' unit tests (the legs that change torch run them; the others keep the torch of
 # the test command).
