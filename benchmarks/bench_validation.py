@@ -134,7 +134,7 @@ def measure(operation: str, tokens: int, device: str, repeats: int) -> dict:
     row = {"new": per_call_us(first_time, repeats, device),
            "same": per_call_us(lambda: check(*values), repeats, device),
            "values": per_call_us(lambda: check(*values, check_values=True), repeats, device)}
-    with replaced(LAUNCHERS[operation], "launch", lambda *a: None):
+    with replaced(LAUNCHERS[operation], "launch", lambda *a, **k: None):
         row["op"] = per_call_us(lambda: op(*values), repeats, device)
         row["wrapper"] = per_call_us(lambda: wrapper(*values), repeats, device)
         with replaced(validation, f"check_{operation}", lambda *a, **k: None):

@@ -6,7 +6,8 @@ right below (in-place ops return nothing, so the fake only checks that the tenso
 device; it is also the Meta kernel, so a real call that mixes in a ``meta`` tensor dispatches
 to it), and one public wrapper of the same name and signature plus ``check_values``. The
 op's body validates with ``mla_fuse.validation.check_<op>`` (once per call) and only then
-launches, so bad input raises before anything is written on every path into a kernel: the
+launches (with the layout's slot the checker returns: a call on known buffers reuses its launch
+plan), so bad input raises before anything is written on every path into a kernel: the
 wrapper, and the ``torch.ops.mla_fuse.<op>`` entry point that compiled graphs call directly
 (docs/INPUTS.md lists the rules). The wrapper first checks what the dispatcher would otherwise
 coerce or reject with a RuntimeError (a non-tensor, ``is_neox`` not a bool, a non-integral
@@ -110,9 +111,9 @@ def _fake(name: str):
 @_define("rotary_embedding", mutates_args=("query", "key"))
 def _rotary_embedding(positions: Tensor, query: Tensor, key: Optional[Tensor], head_size: int,
                       cos_sin_cache: Tensor, is_neox: bool) -> None:
-    validation.check_rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
+    layout = validation.check_rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
     validation.require_kernel_device("rotary_embedding", "query", query)
-    rope_kernel.launch(positions, query, key, head_size, cos_sin_cache, is_neox)
+    rope_kernel.launch(positions, query, key, head_size, cos_sin_cache, is_neox, layout=layout)
 
 
 @_fake("rotary_embedding")
@@ -124,9 +125,9 @@ def _(positions, query, key, head_size, cos_sin_cache, is_neox) -> None:
 @_define("concat_and_cache_mla", mutates_args=("kv_cache",))
 def _concat_and_cache_mla(kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor, slot_mapping: Tensor, kv_cache_dtype: str,
                           scale: Tensor) -> None:
-    validation.check_concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale)
+    layout = validation.check_concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale)
     validation.require_kernel_device("concat_and_cache_mla", "kv_cache", kv_cache)
-    mla_cache.launch(kv_c, k_pe, kv_cache, slot_mapping, validation.fp8_format(kv_cache_dtype), scale)
+    mla_cache.launch(kv_c, k_pe, kv_cache, slot_mapping, validation.fp8_format(kv_cache_dtype), scale, layout=layout)
 
 
 @_fake("concat_and_cache_mla")
@@ -139,11 +140,11 @@ def _(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale) -> None:
 def _concat_and_cache_mla_rope_fused(positions: Tensor, q_pe: Tensor, k_pe: Tensor, kv_c: Tensor,
                                      cos_sin_cache: Tensor, is_neox: bool, slot_mapping: Tensor, kv_cache: Tensor,
                                      kv_cache_dtype: str, kv_cache_scale: Tensor) -> None:
-    validation.check_concat_and_cache_mla_rope_fused(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox,
-                                                     slot_mapping, kv_cache, kv_cache_dtype, kv_cache_scale)
+    layout = validation.check_concat_and_cache_mla_rope_fused(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox,
+                                                              slot_mapping, kv_cache, kv_cache_dtype, kv_cache_scale)
     validation.require_kernel_device("concat_and_cache_mla_rope_fused", "kv_cache", kv_cache)
     mla_rope_cache.launch(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, slot_mapping, kv_cache,
-                          validation.fp8_format(kv_cache_dtype), kv_cache_scale)
+                          validation.fp8_format(kv_cache_dtype), kv_cache_scale, layout=layout)
 
 
 @_fake("concat_and_cache_mla_rope_fused")
@@ -157,11 +158,11 @@ def _(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, slot_mapping, kv_cach
 @_define("reshape_and_cache_flash", mutates_args=("key_cache", "value_cache"))
 def _reshape_and_cache_flash(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
                              slot_mapping: Tensor, kv_cache_dtype: str, k_scale: Tensor, v_scale: Tensor) -> None:
-    validation.check_reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
-                                             k_scale, v_scale)
+    layout = validation.check_reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+                                                      k_scale, v_scale)
     validation.require_kernel_device("reshape_and_cache_flash", "key_cache", key_cache)
     flash_cache.launch(key, value, key_cache, value_cache, slot_mapping, validation.fp8_format(kv_cache_dtype),
-                       k_scale, v_scale)
+                       k_scale, v_scale, layout=layout)
 
 
 @_fake("reshape_and_cache_flash")
@@ -176,12 +177,12 @@ def _rope_and_reshape_and_cache_flash(positions: Tensor, query: Tensor, key: Ten
                                       key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor,
                                       cos_sin_cache: Tensor, is_neox: bool, kv_cache_dtype: str, k_scale: Tensor,
                                       v_scale: Tensor) -> None:
-    validation.check_rope_and_reshape_and_cache_flash(positions, query, key, value, key_cache, value_cache,
-                                                      slot_mapping, cos_sin_cache, is_neox, kv_cache_dtype,
-                                                      k_scale, v_scale)
+    layout = validation.check_rope_and_reshape_and_cache_flash(positions, query, key, value, key_cache, value_cache,
+                                                               slot_mapping, cos_sin_cache, is_neox, kv_cache_dtype,
+                                                               k_scale, v_scale)
     validation.require_kernel_device("rope_and_reshape_and_cache_flash", "key_cache", key_cache)
     flash_rope_cache.launch(positions, query, key, value, key_cache, value_cache, slot_mapping, cos_sin_cache,
-                            is_neox, validation.fp8_format(kv_cache_dtype), k_scale, v_scale)
+                            is_neox, validation.fp8_format(kv_cache_dtype), k_scale, v_scale, layout=layout)
 
 
 @_fake("rope_and_reshape_and_cache_flash")

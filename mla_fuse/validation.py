@@ -16,7 +16,11 @@ They run when ``check_values=True`` is passed to a public wrapper (``checking_va
 The sync-free verdict depends only on the arguments' metadata, so each checker remembers the
 layouts it passed (addresses, sizes, strides, dtypes, devices of the tensors and the other
 arguments as given, up to ``KNOWN_LAYOUTS_PER_OPERATION`` of them): a serving loop that calls
-an operation on the same buffers again pays for building that key, not for the checks.
+an operation on the same buffers again pays for building that key, not for the checks. A checker
+called without value checks returns the layout's *slot*, a one-element list that lives as long as
+the layout is remembered (None when it is not): the op keeps there what its launch derives from the
+layout (``mla_fuse.kernels.config.planned``), so a call on known buffers computes neither the checks
+nor the launch's sizes, strides and configuration again.
 """
 
 from __future__ import annotations
@@ -396,7 +400,7 @@ def _repeated_slot_message(op: str, slot_mapping: torch.Tensor, repeats: int) ->
 
 # ---------------------------------------------------------------- layouts already checked
 
-_KNOWN_LAYOUTS: dict[str, dict[tuple, None]] = {}  # checker name -> layouts it passed
+_KNOWN_LAYOUTS: dict[str, dict[tuple, list]] = {}  # checker name -> layouts it passed -> each one's slot
 
 
 def forget_layouts() -> None:
@@ -419,32 +423,36 @@ def _layout_key(args: tuple) -> tuple:
 
 
 def _remembering_layouts(checker):
-    """``checker(*args, check_values)``, skipping the sync-free checks for a layout it passed before;
-    with value checks on it always runs in full. Arguments may come by position or by name."""
+    """``checker(*args, check_values)``, skipping the sync-free checks for a layout it passed before,
+    and returning the layout's slot (module docstring); with value checks on it always runs in full
+    and returns None. Arguments may come by position or by name."""
     known = _KNOWN_LAYOUTS.setdefault(checker.__name__, {})
     names = tuple(inspect.signature(checker).parameters)[:-1]  # all but check_values
 
     @functools.wraps(checker)
-    def check(*args, check_values: bool | None = None, **named) -> None:
+    def check(*args, check_values: bool | None = None, **named) -> list | None:
         if named:
             args = (*args, *(named.pop(name) for name in names[len(args):] if name in named))
         if named or len(args) != len(names):
             checker(*args, **named, check_values=check_values)  # raises the TypeError of a wrong call
-            return
+            return None
         if values_checked(check_values):
             checker(*args, check_values=True)
-            return
+            return None
         try:
             key = _layout_key(args)
-            if key in known:  # hashed once: the lookup is the only hash on a hit
-                return
+            slot = known.get(key)  # hashed once: the lookup is the only hash on a hit
+            if slot is not None:
+                return slot
         except (TypeError, RuntimeError):  # an unhashable argument, a tensor without storage: no key
             key = None
         checker(*args, check_values=False)
-        if key is not None:
-            if len(known) >= KNOWN_LAYOUTS_PER_OPERATION:
-                known.clear()  # start over (atomic: calls from several threads stay safe)
-            known[key] = None
+        if key is None:
+            return None
+        if len(known) >= KNOWN_LAYOUTS_PER_OPERATION:
+            known.clear()  # start over (atomic: calls from several threads stay safe)
+        slot = known[key] = [None]
+        return slot
 
     return check
 

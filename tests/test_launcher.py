@@ -77,3 +77,44 @@ def test_a_kernel_triton_would_specialise_is_refused_by_name(tmp_path):
                                                      "specialised"), process.stdout
     assert lines["constexpr_first"] == "-> constexpr_first: constexprs must follow every runtime argument", \
         process.stdout
+
+
+def _fused_mla_arguments(tokens=3, heads=2, nope=4, latent=16, rotary=8, is_neox=False, packed=True):
+    """A small fused MLA call (the interpreter runs it in milliseconds): q_pe a slice of q, or its own tensor."""
+    import torch
+
+    q = torch.randn(tokens, heads, nope + rotary).bfloat16()
+    kv = torch.randn(tokens, latent + rotary).bfloat16()
+    return [torch.arange(tokens), q[..., nope:] if packed else q[..., nope:].contiguous(), kv[:, latent:],
+            kv[:, :latent], torch.randn(64, rotary), is_neox, torch.arange(tokens),
+            torch.zeros(4, 4, latent + rotary, dtype=torch.bfloat16), "auto", torch.ones(1)]
+
+
+def test_a_known_layout_reuses_its_launch_plan_and_every_plan_is_its_layouts(monkeypatch):
+    """A call on buffers the checks have seen takes its launch plan (grid, sizes, strides, constexprs,
+    ``ALIGNED``) from the layout's slot; every plan used equals the one its own arguments give, so a
+    slot is never another layout's (the same tensors with another ``is_neox``, the same shapes at
+    other strides); ``forget_layouts`` drops the plans with the layouts."""
+    from mla_fuse import ops, validation
+    from mla_fuse.kernels import config
+
+    used = []
+    planned = config.planned
+
+    def checking(layout, plan, *args):
+        kept = layout is not None and layout[0] is not None
+        found = planned(layout, plan, *args)
+        used.append((kept, found == plan(*args)))
+        return found
+
+    monkeypatch.setattr(config, "planned", checking)
+    validation.forget_layouts()
+    call = ops.concat_and_cache_mla_rope_fused
+    first, other_strides = _fused_mla_arguments(), _fused_mla_arguments(packed=False)
+    neox = first[:5] + [True] + first[6:]
+    for arguments in (first, first, neox, first, other_strides, neox, other_strides):
+        call(*arguments)
+    validation.forget_layouts()
+    call(*first)
+    assert [kept for kept, _ in used] == [False, True, False, True, False, True, True, False], used
+    assert all(same for _, same in used), used

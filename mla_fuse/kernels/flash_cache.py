@@ -105,14 +105,26 @@ launcher = Launcher(flash_cache_kernel)
 
 
 def launch(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-           slot_mapping: torch.Tensor, fp8_format: str | None, k_scale: torch.Tensor, v_scale: torch.Tensor) -> None:
-    """Launch on already validated arguments; strides come from the tensors as given."""
+           slot_mapping: torch.Tensor, fp8_format: str | None, k_scale: torch.Tensor, v_scale: torch.Tensor,
+           layout: list | None = None) -> None:
+    """Launch on already validated arguments; strides come from the tensors as given. ``layout``:
+    where the plan of these arguments' layout is kept (``config.planned``)."""
+    plan = config.planned(layout, _plan, key, value, key_cache, value_cache, slot_mapping, fp8_format, k_scale,
+                          v_scale)
+    if plan:
+        if fp8_format is not None:
+            key_cache, value_cache = key_cache.view(torch.uint8), value_cache.view(torch.uint8)  # the code bits
+        grid, sizes, constexprs, aligned = plan
+        launcher(grid, (key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, *sizes), constexprs,
+                 aligned)
+
+
+def _plan(key, value, key_cache, value_cache, slot_mapping, fp8_format, k_scale, v_scale) -> tuple:
+    """(grid, sizes and strides, constexprs, ``ALIGNED``) of a launch; () when there is nothing to launch."""
     num_slots = slot_mapping.size(0)
     num_kv_heads, head_size, value_head_size = key.size(1), key.size(2), value.size(2)
     if num_slots == 0 or num_kv_heads == 0:
-        return
-    if fp8_format is not None:
-        key_cache, value_cache = key_cache.view(torch.uint8), value_cache.view(torch.uint8)  # the code bits
+        return ()
     grid, kv_heads_per_program, constexprs = launch_config(num_slots, num_kv_heads, head_size, value_head_size,
                                                            fp8_format)
     stride_key, stride_value, stride_key_cache, stride_value_cache = (
@@ -122,10 +134,9 @@ def launch(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, valu
         key.element_size() * (stride_key[0] | stride_key[1] | stride_value[0] | stride_value[1]),
         key_cache.element_size() * (stride_key_cache[0] | stride_key_cache[1] | stride_key_cache[2]
                                     | stride_value_cache[0] | stride_value_cache[1] | stride_value_cache[2]))
-    launcher(grid, (
-        key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale,
+    return grid, (
         num_slots, num_kv_heads, kv_heads_per_program, key_cache.size(1), head_size, value_head_size,
         stride_key[0], stride_key[1], stride_value[0], stride_value[1], slot_mapping.stride(0),
         *stride_key_cache[:3], *stride_value_cache[:3],
         config.scale_stride(k_scale), config.scale_stride(v_scale),
-    ), constexprs, aligned)
+    ), constexprs, aligned

@@ -160,15 +160,27 @@ launcher = Launcher(flash_rope_cache_kernel)
 def launch(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
            key_cache: torch.Tensor, value_cache: torch.Tensor, slot_mapping: torch.Tensor,
            cos_sin_cache: torch.Tensor, is_neox: bool, fp8_format: str | None, k_scale: torch.Tensor,
-           v_scale: torch.Tensor) -> None:
-    """Launch on already validated arguments; strides come from the tensors as given."""
+           v_scale: torch.Tensor, layout: list | None = None) -> None:
+    """Launch on already validated arguments; strides come from the tensors as given. ``layout``:
+    where the plan of these arguments' layout is kept (``config.planned``)."""
+    plan = config.planned(layout, _plan, positions, query, key, value, key_cache, value_cache, slot_mapping,
+                          cos_sin_cache, is_neox, fp8_format, k_scale, v_scale)
+    if plan:
+        if fp8_format is not None:
+            key_cache, value_cache = key_cache.view(torch.uint8), value_cache.view(torch.uint8)  # the code bits
+        grid, sizes, constexprs, aligned = plan
+        launcher(grid, (positions, query, key, value, cos_sin_cache, slot_mapping, key_cache, value_cache, k_scale,
+                        v_scale, *sizes), constexprs, aligned)
+
+
+def _plan(positions, query, key, value, key_cache, value_cache, slot_mapping, cos_sin_cache, is_neox, fp8_format,
+          k_scale, v_scale) -> tuple:
+    """(grid, sizes and strides, constexprs, ``ALIGNED``) of a launch; () when there is nothing to launch."""
     num_tokens, num_query_heads, head_size = query.shape
     num_kv_heads, value_head_size = key.size(1), value.size(2)
     rotary_dim = cos_sin_cache.size(1)
     if num_tokens == 0:
-        return
-    if fp8_format is not None:
-        key_cache, value_cache = key_cache.view(torch.uint8), value_cache.view(torch.uint8)  # the code bits
+        return ()
     grid, query_heads_per_program, kv_heads_per_program, constexprs = launch_config(
         num_tokens, num_query_heads, num_kv_heads, head_size, value_head_size, rotary_dim, bool(is_neox), fp8_format)
     half = rotary_dim // 2
@@ -185,12 +197,11 @@ def launch(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, valu
         cos_sin_cache.element_size() * (stride_table[0] | half),
         key_cache.element_size() * (stride_key_cache[0] | stride_key_cache[1] | stride_key_cache[2]
                                     | stride_value_cache[0] | stride_value_cache[1] | stride_value_cache[2] | inner))
-    launcher(grid, (
-        positions, query, key, value, cos_sin_cache, slot_mapping, key_cache, value_cache, k_scale, v_scale,
+    return grid, (
         num_tokens, num_query_heads, num_kv_heads, query_heads_per_program, kv_heads_per_program,
         slot_mapping.size(0), key_cache.size(1), head_size, value_head_size, half,
         positions.stride(0), stride_query[0], stride_query[1], stride_key[0], stride_key[1],
         stride_value[0], stride_value[1], stride_table[0], slot_mapping.stride(0),
         *stride_key_cache[:3], *stride_value_cache[:3],
         config.scale_stride(k_scale), config.scale_stride(v_scale),
-    ), constexprs, aligned)
+    ), constexprs, aligned

@@ -104,21 +104,29 @@ launcher = Launcher(mla_cache_kernel)
 
 
 def launch(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
-           fp8_format: str | None, scale: torch.Tensor) -> None:
-    """Launch on already validated arguments; strides come from the tensors as given."""
+           fp8_format: str | None, scale: torch.Tensor, layout: list | None = None) -> None:
+    """Launch on already validated arguments; strides come from the tensors as given. ``layout``:
+    where the plan of these arguments' layout is kept (``config.planned``)."""
+    plan = config.planned(layout, _plan, kv_c, k_pe, kv_cache, slot_mapping, fp8_format)
+    if plan:
+        if fp8_format is not None:
+            kv_cache = kv_cache.view(torch.uint8)  # same storage and strides; stores the code bits
+        grid, sizes, constexprs, aligned = plan
+        launcher(grid, (kv_c, k_pe, slot_mapping, kv_cache, scale, *sizes), constexprs, aligned)
+
+
+def _plan(kv_c, k_pe, kv_cache, slot_mapping, fp8_format) -> tuple:
+    """(grid, sizes and strides, constexprs, ``ALIGNED``) of a launch; () when there is nothing to launch."""
     num_slots = slot_mapping.size(0)
     latent_dim, rotary_dim = kv_c.size(1), k_pe.size(1)
     if num_slots == 0:
-        return
-    if fp8_format is not None:
-        kv_cache = kv_cache.view(torch.uint8)  # same storage and strides; stores the code bits
+        return ()
     grid, constexprs = launch_config(num_slots, latent_dim, rotary_dim, fp8_format)
     stride_kv_c, stride_k, stride_cache = kv_c.stride(), k_pe.stride(), kv_cache.stride()
     aligned = config.aligned(kv_c.data_ptr(), k_pe.data_ptr(), kv_cache.data_ptr(),
                              kv_c.element_size() * (stride_kv_c[0] | stride_k[0]),
                              kv_cache.element_size() * (stride_cache[0] | stride_cache[1] | latent_dim))
-    launcher(grid, (
-        kv_c, k_pe, slot_mapping, kv_cache, scale,
+    return grid, (
         num_slots, kv_cache.size(1), latent_dim, rotary_dim,
         stride_kv_c[0], stride_k[0], slot_mapping.stride(0), stride_cache[0], stride_cache[1],
-    ), constexprs, aligned)
+    ), constexprs, aligned

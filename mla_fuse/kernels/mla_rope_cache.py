@@ -139,14 +139,25 @@ launcher = Launcher(mla_rope_cache_kernel)
 
 def launch(positions: torch.Tensor, q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tensor,
            cos_sin_cache: torch.Tensor, is_neox: bool, slot_mapping: torch.Tensor, kv_cache: torch.Tensor,
-           fp8_format: str | None, scale: torch.Tensor) -> None:
-    """Launch on already validated arguments; strides come from the tensors as given."""
+           fp8_format: str | None, scale: torch.Tensor, layout: list | None = None) -> None:
+    """Launch on already validated arguments; strides come from the tensors as given. ``layout``:
+    where the plan of these arguments' layout is kept (``config.planned``)."""
+    plan = config.planned(layout, _plan, positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, slot_mapping,
+                          kv_cache, fp8_format)
+    if plan:
+        if fp8_format is not None:
+            kv_cache = kv_cache.view(torch.uint8)  # same storage and strides; stores the code bits
+        grid, sizes, constexprs, aligned = plan
+        launcher(grid, (positions, q_pe, k_pe, kv_c, cos_sin_cache, slot_mapping, kv_cache, scale, *sizes), constexprs,
+                 aligned)
+
+
+def _plan(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, slot_mapping, kv_cache, fp8_format) -> tuple:
+    """(grid, sizes and strides, constexprs, ``ALIGNED``) of a launch; () when there is nothing to launch."""
     num_tokens, num_heads, rotary_dim = q_pe.shape
     latent_dim = kv_c.size(1)
     if num_tokens == 0:
-        return
-    if fp8_format is not None:
-        kv_cache = kv_cache.view(torch.uint8)  # same storage and strides; stores the code bits
+        return ()
     grid, heads_per_program, constexprs = launch_config(num_tokens, num_heads, rotary_dim, latent_dim, bool(is_neox),
                                                         fp8_format)
     half = rotary_dim // 2
@@ -158,9 +169,8 @@ def launch(positions: torch.Tensor, q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c
         q_pe.element_size() * (stride_q[0] | stride_q[1] | stride_k[0] | stride_kv_c[0] | neox_half),
         cos_sin_cache.element_size() * (stride_table[0] | half),
         kv_cache.element_size() * (stride_cache[0] | stride_cache[1] | latent_dim | neox_half))
-    launcher(grid, (
-        positions, q_pe, k_pe, kv_c, cos_sin_cache, slot_mapping, kv_cache, scale,
+    return grid, (
         num_tokens, num_heads, heads_per_program, slot_mapping.size(0), kv_cache.size(1), latent_dim, half,
         positions.stride(0), stride_q[0], stride_q[1], stride_k[0], stride_kv_c[0],
         stride_table[0], slot_mapping.stride(0), stride_cache[0], stride_cache[1],
-    ), constexprs, aligned)
+    ), constexprs, aligned

@@ -115,12 +115,21 @@ launcher = Launcher(rotary_embedding_kernel)
 
 
 def launch(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None, head_size: int,
-           cos_sin_cache: torch.Tensor, is_neox: bool) -> None:
-    """Launch on already validated arguments; strides come from the tensors as given."""
+           cos_sin_cache: torch.Tensor, is_neox: bool, layout: list | None = None) -> None:
+    """Launch on already validated arguments; strides come from the tensors as given. ``layout``:
+    where the plan of these arguments' layout is kept (``config.planned``)."""
+    plan = config.planned(layout, _plan, positions, query, key, head_size, cos_sin_cache, is_neox)
+    if plan:
+        grid, sizes, constexprs, aligned = plan
+        launcher(grid, (positions, query, query if key is None else key, cos_sin_cache, *sizes), constexprs, aligned)
+
+
+def _plan(positions, query, key, head_size, cos_sin_cache, is_neox) -> tuple:
+    """(grid, sizes and strides, constexprs, ``ALIGNED``) of a launch; () when there is nothing to launch."""
     num_tokens = query.size(0)
     rotary_dim = cos_sin_cache.size(1)
     if num_tokens == 0:
-        return
+        return ()
     num_query_heads, stride_query_token, stride_query_head = _token_and_head_strides(query, head_size)
     if key is None:
         num_key_heads, stride_key_token, stride_key_head = 0, 0, 0
@@ -136,8 +145,7 @@ def launch(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | Non
         query.element_size() * (stride_query_token | stride_query_head | stride_key_token | stride_key_head
                                 | neox_half),
         cos_sin_cache.element_size() * (stride_table | half))
-    launcher(grid, (
-        positions, query, query if key is None else key, cos_sin_cache,
+    return grid, (
         num_tokens, num_query_heads, num_key_heads, query_heads_per_program, key_heads_per_program, half,
         positions.stride(0), stride_query_token, stride_query_head, stride_key_token, stride_key_head, stride_table,
-    ), constexprs, aligned)
+    ), constexprs, aligned
