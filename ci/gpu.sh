@@ -140,7 +140,8 @@ run_step() {
     test) "${suite[@]}" -n auto --hypothesis-profile=mla_fuse.gpu --junitxml=reports/pytest-gpu.xml; local status=$?
           python3 -m pytest -p no:cacheprovider -n auto --junitxml=reports/pytest-gpu-tests.xml \
             ${MLA_FUSE_GPU_TESTS:-tests/test_kernels.py tests/test_custom_ops.py tests/test_overlap.py \
-            tests/test_bad_input_crashes.py tests/test_passes_mla.py tests/test_passes_mha.py} && [ $status -eq 0 ] ;;
+            tests/test_bad_input_crashes.py tests/test_passes_mla.py tests/test_passes_mha.py tests/test_launcher.py} \
+            && [ $status -eq 0 ] ;;
     *) echo "unknown step: $1 (${!LIMIT[*]})"; return 2 ;;
   esac
 }

@@ -1,4 +1,7 @@
-"""``mla_fuse.kernels.launcher.Launcher`` refuses a kernel whose Triton compile key its own key could miss.
+"""The launch path of ``mla_fuse.kernels``: ``launcher.Launcher``'s refusals, its table's writes on a GPU,
+and the launch plans kept per known layout (``config.planned``).
+
+``Launcher`` refuses a kernel whose Triton compile key its own key could miss.
 
 The launcher keys its table of compiled kernels on the layout, ``ALIGNED``, the device and the
 pointers' dtypes; that stands for Triton's compile key only when no runtime argument is specialised
@@ -6,7 +9,8 @@ by Triton (its value, its alignment) and every constexpr follows the runtime arg
 passed to the compiled kernel's launcher by position). A kernel built otherwise is refused when the
 launcher is made, by name. That the key is right for our own kernels on the ``gpu`` profile's cases is
 ``tests/test_compile_keys.py``'s. GPU kernels are built in a subprocess (``TRITON_INTERPRET=0``, as
-``test_aot_compile.py``): nothing compiles or runs.
+``test_aot_compile.py``): nothing compiles or runs. On a GPU (``ci/gpu.sh``'s ``test`` step) a launch
+through the table writes the bytes Triton's own launch writes.
 """
 
 from __future__ import annotations
@@ -80,14 +84,41 @@ def test_a_kernel_triton_would_specialise_is_refused_by_name(tmp_path):
 
 
 def _fused_mla_arguments(tokens=3, heads=2, nope=4, latent=16, rotary=8, is_neox=False, packed=True):
-    """A small fused MLA call (the interpreter runs it in milliseconds): q_pe a slice of q, or its own tensor."""
+    """A small fused MLA call on the kernels' device (the interpreter runs it in milliseconds): q_pe a
+    slice of q, or its own tensor."""
     import torch
 
-    q = torch.randn(tokens, heads, nope + rotary).bfloat16()
-    kv = torch.randn(tokens, latent + rotary).bfloat16()
-    return [torch.arange(tokens), q[..., nope:] if packed else q[..., nope:].contiguous(), kv[:, latent:],
-            kv[:, :latent], torch.randn(64, rotary), is_neox, torch.arange(tokens),
-            torch.zeros(4, 4, latent + rotary, dtype=torch.bfloat16), "auto", torch.ones(1)]
+    from mla_fuse import kernels
+
+    device = "cuda" if kernels.BACKEND == "gpu" else "cpu"
+    q = torch.randn(tokens, heads, nope + rotary, device=device).bfloat16()
+    kv = torch.randn(tokens, latent + rotary, device=device).bfloat16()
+    return [torch.arange(tokens, device=device), q[..., nope:] if packed else q[..., nope:].contiguous(),
+            kv[:, latent:], kv[:, :latent], torch.randn(64, rotary, device=device), is_neox,
+            torch.arange(tokens, device=device),
+            torch.zeros(4, 4, latent + rotary, dtype=torch.bfloat16, device=device), "auto",
+            torch.ones(1, device=device)]
+
+
+def test_a_launch_through_the_table_writes_what_tritons_own_launch_writes():
+    """On a GPU (``ci/gpu.sh``'s ``test`` step): the same call twice on copies of the same inputs, the
+    first launch Triton's ``kernel[grid](...)``, the second through the launcher's table, write the same
+    bytes. Under the interpreter there is no table and both are Triton's launch."""
+    import torch
+
+    from mla_fuse import kernels, ops
+    from mla_fuse.kernels import mla_rope_cache
+
+    mla_rope_cache.launcher.compiled.clear()
+    arguments = _fused_mla_arguments(tokens=5, heads=3)
+    written = []
+    for _ in range(2):
+        copies = [a.clone() if isinstance(a, torch.Tensor) else a for a in arguments]
+        ops.concat_and_cache_mla_rope_fused(*copies)
+        written.append([copies[1], copies[2], copies[7]])  # q_pe, k_pe, kv_cache
+    assert len(mla_rope_cache.launcher.compiled) == (0 if kernels.INTERPRETED else 1)
+    for first, second in zip(*written):
+        assert torch.equal(first.view(torch.int16), second.view(torch.int16))
 
 
 def test_a_known_layout_reuses_its_launch_plan_and_every_plan_is_its_layouts(monkeypatch):
