@@ -111,9 +111,9 @@ def _fake(name: str):
 @_define("rotary_embedding", mutates_args=("query", "key"))
 def _rotary_embedding(positions: Tensor, query: Tensor, key: Optional[Tensor], head_size: int,
                       cos_sin_cache: Tensor, is_neox: bool) -> None:
-    layout = validation.check_rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
+    slot = validation.check_rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
     validation.require_kernel_device("rotary_embedding", "query", query)
-    rope_kernel.launch(positions, query, key, head_size, cos_sin_cache, is_neox, layout=layout)
+    rope_kernel.launch(positions, query, key, head_size, cos_sin_cache, is_neox, slot=slot)
 
 
 @_fake("rotary_embedding")
@@ -125,9 +125,9 @@ def _(positions, query, key, head_size, cos_sin_cache, is_neox) -> None:
 @_define("concat_and_cache_mla", mutates_args=("kv_cache",))
 def _concat_and_cache_mla(kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor, slot_mapping: Tensor, kv_cache_dtype: str,
                           scale: Tensor) -> None:
-    layout = validation.check_concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale)
+    slot = validation.check_concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale)
     validation.require_kernel_device("concat_and_cache_mla", "kv_cache", kv_cache)
-    mla_cache.launch(kv_c, k_pe, kv_cache, slot_mapping, validation.fp8_format(kv_cache_dtype), scale, layout=layout)
+    mla_cache.launch(kv_c, k_pe, kv_cache, slot_mapping, validation.fp8_format(kv_cache_dtype), scale, slot=slot)
 
 
 @_fake("concat_and_cache_mla")
@@ -140,11 +140,11 @@ def _(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale) -> None:
 def _concat_and_cache_mla_rope_fused(positions: Tensor, q_pe: Tensor, k_pe: Tensor, kv_c: Tensor,
                                      cos_sin_cache: Tensor, is_neox: bool, slot_mapping: Tensor, kv_cache: Tensor,
                                      kv_cache_dtype: str, kv_cache_scale: Tensor) -> None:
-    layout = validation.check_concat_and_cache_mla_rope_fused(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox,
-                                                              slot_mapping, kv_cache, kv_cache_dtype, kv_cache_scale)
+    slot = validation.check_concat_and_cache_mla_rope_fused(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox,
+                                                            slot_mapping, kv_cache, kv_cache_dtype, kv_cache_scale)
     validation.require_kernel_device("concat_and_cache_mla_rope_fused", "kv_cache", kv_cache)
     mla_rope_cache.launch(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, slot_mapping, kv_cache,
-                          validation.fp8_format(kv_cache_dtype), kv_cache_scale, layout=layout)
+                          validation.fp8_format(kv_cache_dtype), kv_cache_scale, slot=slot)
 
 
 @_fake("concat_and_cache_mla_rope_fused")
@@ -158,11 +158,11 @@ def _(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, slot_mapping, kv_cach
 @_define("reshape_and_cache_flash", mutates_args=("key_cache", "value_cache"))
 def _reshape_and_cache_flash(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
                              slot_mapping: Tensor, kv_cache_dtype: str, k_scale: Tensor, v_scale: Tensor) -> None:
-    layout = validation.check_reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
-                                                      k_scale, v_scale)
+    slot = validation.check_reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+                                                    k_scale, v_scale)
     validation.require_kernel_device("reshape_and_cache_flash", "key_cache", key_cache)
     flash_cache.launch(key, value, key_cache, value_cache, slot_mapping, validation.fp8_format(kv_cache_dtype),
-                       k_scale, v_scale, layout=layout)
+                       k_scale, v_scale, slot=slot)
 
 
 @_fake("reshape_and_cache_flash")
@@ -177,12 +177,12 @@ def _rope_and_reshape_and_cache_flash(positions: Tensor, query: Tensor, key: Ten
                                       key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor,
                                       cos_sin_cache: Tensor, is_neox: bool, kv_cache_dtype: str, k_scale: Tensor,
                                       v_scale: Tensor) -> None:
-    layout = validation.check_rope_and_reshape_and_cache_flash(positions, query, key, value, key_cache, value_cache,
-                                                               slot_mapping, cos_sin_cache, is_neox, kv_cache_dtype,
-                                                               k_scale, v_scale)
+    slot = validation.check_rope_and_reshape_and_cache_flash(positions, query, key, value, key_cache, value_cache,
+                                                             slot_mapping, cos_sin_cache, is_neox, kv_cache_dtype,
+                                                             k_scale, v_scale)
     validation.require_kernel_device("rope_and_reshape_and_cache_flash", "key_cache", key_cache)
     flash_rope_cache.launch(positions, query, key, value, key_cache, value_cache, slot_mapping, cos_sin_cache,
-                            is_neox, validation.fp8_format(kv_cache_dtype), k_scale, v_scale, layout=layout)
+                            is_neox, validation.fp8_format(kv_cache_dtype), k_scale, v_scale, slot=slot)
 
 
 @_fake("rope_and_reshape_and_cache_flash")

@@ -280,7 +280,7 @@ def _timing(ops, operation: str, args: dict, repeats: int = 2000, rounds: int = 
     slot = [None]  # validation's slot of a known layout: the launch plan is kept there after the first call
     return {"op_us": best(lambda: _call(ops, operation, args)),
             "launch_us": best(lambda: mla_rope_cache.launch(*launch_args)),
-            "launch_known_layout_us": best(lambda: mla_rope_cache.launch(*launch_args, layout=slot)),
+            "launch_known_layout_us": best(lambda: mla_rope_cache.launch(*launch_args, slot=slot)),
             "triton_bind_and_key_us": best(triton_run_prelude)}
 
 

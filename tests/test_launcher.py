@@ -132,9 +132,9 @@ def test_a_known_layout_reuses_its_launch_plan_and_every_plan_is_its_layouts(mon
     used = []
     planned = config.planned
 
-    def checking(layout, plan, *args):
-        kept = layout is not None and layout[0] is not None
-        found = planned(layout, plan, *args)
+    def checking(slot, plan, *args):
+        kept = slot is not None and slot[0] is not None
+        found = planned(slot, plan, *args)
         used.append((kept, found == plan(*args)))
         return found
 

@@ -98,17 +98,17 @@ class Constexprs(dict):
         self.layout = tuple(values.items())
 
 
-def planned(layout: list | None, plan, *args) -> tuple:
+def planned(slot: list | None, plan, *args) -> tuple:
     """``plan(*args)``: a launch's grid, sizes and strides, constexprs and ``ALIGNED`` (``()``: nothing to
-    launch), computed once per layout. ``layout`` is ``mla_fuse.validation``'s slot for the arguments'
+    launch), computed once per layout. ``slot`` is ``mla_fuse.validation``'s slot for the arguments'
     layout (a one-element list, the same list for every call whose tensors have the same addresses,
     sizes, strides, dtypes and devices and whose other arguments are equal: everything a plan reads),
     or None (no slot: computed every call)."""
-    if layout is None:
+    if slot is None:
         return plan(*args)
-    found = layout[0]
+    found = slot[0]
     if found is None:
-        found = layout[0] = plan(*args)
+        found = slot[0] = plan(*args)
     return found
 
 

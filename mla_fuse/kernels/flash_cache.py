@@ -106,10 +106,11 @@ launcher = Launcher(flash_cache_kernel)
 
 def launch(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
            slot_mapping: torch.Tensor, fp8_format: str | None, k_scale: torch.Tensor, v_scale: torch.Tensor,
-           layout: list | None = None) -> None:
-    """Launch on already validated arguments; strides come from the tensors as given. ``layout``:
-    where the plan of these arguments' layout is kept (``config.planned``)."""
-    plan = config.planned(layout, _plan, key, value, key_cache, value_cache, slot_mapping, fp8_format, k_scale,
+           slot: list | None = None) -> None:
+    """Launch on already validated arguments; strides come from the tensors as given. ``slot``:
+    ``mla_fuse.validation``'s slot for these arguments' layout, where their launch plan is kept
+    (``config.planned``)."""
+    plan = config.planned(slot, _plan, key, value, key_cache, value_cache, slot_mapping, fp8_format, k_scale,
                           v_scale)
     if plan:
         if fp8_format is not None:

@@ -160,10 +160,11 @@ launcher = Launcher(flash_rope_cache_kernel)
 def launch(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
            key_cache: torch.Tensor, value_cache: torch.Tensor, slot_mapping: torch.Tensor,
            cos_sin_cache: torch.Tensor, is_neox: bool, fp8_format: str | None, k_scale: torch.Tensor,
-           v_scale: torch.Tensor, layout: list | None = None) -> None:
-    """Launch on already validated arguments; strides come from the tensors as given. ``layout``:
-    where the plan of these arguments' layout is kept (``config.planned``)."""
-    plan = config.planned(layout, _plan, positions, query, key, value, key_cache, value_cache, slot_mapping,
+           v_scale: torch.Tensor, slot: list | None = None) -> None:
+    """Launch on already validated arguments; strides come from the tensors as given. ``slot``:
+    ``mla_fuse.validation``'s slot for these arguments' layout, where their launch plan is kept
+    (``config.planned``)."""
+    plan = config.planned(slot, _plan, positions, query, key, value, key_cache, value_cache, slot_mapping,
                           cos_sin_cache, is_neox, fp8_format, k_scale, v_scale)
     if plan:
         if fp8_format is not None:
