@@ -22,10 +22,11 @@ checks' share of the host time of a call without its launch: ``same / op``, and
 
 ``--launch`` adds the real calls, launches included, of the fused MLA op at T=1, H=128 (a decode
 step of DeepSeek-V3 with all 128 heads on one GPU): ``torch.ops.mla_fuse.<op>``,
-``mla_fuse.ops.<op>``, the same ``torch.ops`` call with every launch through Triton's
-``JITFunction.run`` (the kernel's ``launcher.Launcher`` table kept empty: what a call cost before
-it), and two trivial ops for scale (an empty op of the same schema, and ``aten.add_`` on a
-one-element tensor), as host CPU time and wall time per call of a loop of calls (the wall time of a
+``mla_fuse.ops.<op>`` (a known layout: its plan's kept launch, ``launcher.Plan``), the same
+``torch.ops`` call with every launch through Triton's ``JITFunction.run`` (the kernel's
+``launcher.Launcher`` table kept empty, so no plan keeps a launch: what a call cost before them),
+and two trivial ops for scale (an empty op of the same schema, and ``aten.add_`` on a one-element
+tensor), as host CPU time and wall time per call of a loop of calls (the wall time of a
 run ends with a device sync; at T=1 the host, not the GPU, sets the pace). On a GPU that is the
 eager cost to compare with the kernel's few microseconds, and the functions a ``torch.ops`` call
 spends its host time in follow (``cProfile`` of 2000 calls, by own time; cProfile inflates Python
@@ -169,7 +170,8 @@ def host_us(call, device: str, repeats: int, number: int) -> tuple[float, float]
 
 
 class _NeverKept(dict):
-    """A ``Launcher.compiled`` table that keeps nothing: every launch is Triton's ``kernel[grid](...)``."""
+    """A ``Launcher.compiled`` table that keeps nothing: every launch is Triton's ``kernel[grid](...)``
+    (and no plan keeps a launch, ``launcher.Plan``: it keeps only what the table holds)."""
 
     def __setitem__(self, key, value):
         pass
@@ -187,6 +189,7 @@ def launched_rows(device: str, repeats: int) -> dict[str, tuple[float, float]]:
     rows = {**{name: host_us(call, device, repeats, 2000) for name, call in trivial.items()},
             **{name: host_us(call, device, runs, calls) for name, call in ours.items()}}
     with replaced(mla_rope_cache.launcher, "compiled", _NeverKept()):
+        validation.forget_layouts()  # the plans the rows above kept their launches in
         rows[f"torch.ops.mla_fuse.{LAUNCHED}, every launch Triton's run"] = host_us(lambda: op(*values), device,
                                                                                   runs, calls)
     return rows

@@ -101,12 +101,13 @@ def _fused_mla_arguments(tokens=3, heads=2, nope=4, latent=16, rotary=8, is_neox
 
 
 def test_a_launch_through_the_table_writes_what_tritons_own_launch_writes():
-    """On a GPU (``ci/gpu.sh``'s ``test`` step): the same call twice on copies of the same inputs, the
-    first launch Triton's ``kernel[grid](...)``, the second through the launcher's table, write the same
-    bytes. Under the interpreter there is no table and both are Triton's launch."""
+    """On a GPU (``ci/gpu.sh``'s ``test`` step): the same call on copies of the same inputs, the first
+    launch Triton's ``kernel[grid](...)``, the second through the launcher's table, and a third on the
+    second's buffers (their inputs restored in place) through the plan's kept launch, write the same
+    bytes. Under the interpreter there is no table and each is Triton's launch."""
     import torch
 
-    from mla_fuse import kernels, ops
+    from mla_fuse import kernels, ops, validation
     from mla_fuse.kernels import mla_rope_cache
 
     mla_rope_cache.launcher.compiled.clear()
@@ -115,10 +116,18 @@ def test_a_launch_through_the_table_writes_what_tritons_own_launch_writes():
     for _ in range(2):
         copies = [a.clone() if isinstance(a, torch.Tensor) else a for a in arguments]
         ops.concat_and_cache_mla_rope_fused(*copies)
-        written.append([copies[1], copies[2], copies[7]])  # q_pe, k_pe, kv_cache
+        written.append([copies[1].clone(), copies[2].clone(), copies[7].clone()])  # q_pe, k_pe, kv_cache
+    plan = validation.check_concat_and_cache_mla_rope_fused(*copies)[0]  # the known layout's plan
+    assert (plan.again is None) == kernels.INTERPRETED
+    for copy, argument in zip(copies, arguments):
+        if isinstance(argument, torch.Tensor):
+            copy.copy_(argument)
+    ops.concat_and_cache_mla_rope_fused(*copies)
+    written.append([copies[1], copies[2], copies[7]])
     assert len(mla_rope_cache.launcher.compiled) == (0 if kernels.INTERPRETED else 1)
-    for first, second in zip(*written):
-        assert torch.equal(first.view(torch.int16), second.view(torch.int16))
+    for first, *later in zip(*written):
+        for other in later:
+            assert torch.equal(first.view(torch.int16), other.view(torch.int16))
 
 
 def test_a_known_layout_reuses_its_launch_plan_and_every_plan_is_its_layouts(monkeypatch):
@@ -149,3 +158,90 @@ def test_a_known_layout_reuses_its_launch_plan_and_every_plan_is_its_layouts(mon
     call(*first)
     assert [kept for kept, _ in used] == [False, True, False, True, False, True, True, False], used
     assert all(same for _, same in used), used
+
+
+KEPT_SCRIPT = textwrap.dedent('''
+    import json
+
+    import torch
+    from triton.runtime.jit import JITFunction
+
+    from mla_fuse import ops, validation
+    from mla_fuse.kernels import launcher, mla_rope_cache
+
+    launches = []  # (path, grid, arguments as the C launcher reads them, stream)
+
+
+    def read(value):
+        return value.data_ptr() if isinstance(value, torch.Tensor) else value
+
+
+    class Compiled:  # what JITFunction.run returns here in place of a CompiledKernel
+        def __getitem__(self, grid):
+            return lambda *args, stream=None: launches.append(
+                ("kept" if all(not isinstance(a, torch.Tensor) for a in args) else "table", list(grid),
+                 [read(a) for a in args[:8]], stream))
+
+
+    def run(self, *args, grid, warmup, **kwargs):
+        launches.append(("triton", [*grid, 1, 1][:3], [read(a) for a in args[:8]], None))
+        return Compiled()
+
+
+    JITFunction.run = run
+    validation.require_kernel_device = lambda *args: None  # CPU tensors: launches are recorded, never run
+    device = [0]
+    launcher.current_device = lambda: device[0]
+    launcher.current_stream = lambda index: 100 + index
+
+    def arguments():
+        q = torch.empty(3, 2, 4 + 8, dtype=torch.bfloat16)
+        kv = torch.empty(3, 16 + 8, dtype=torch.bfloat16)
+        return [torch.arange(3), q[..., 4:], kv[:, 16:], kv[:, :16], torch.empty(64, 8), False, torch.arange(3),
+                torch.empty(4, 4, 24, dtype=torch.uint8), "fp8", torch.ones(1)]
+
+    first, other = arguments(), arguments()  # one layout at two sets of addresses
+    steps = [("first", first), ("first", first), ("other", other), ("first", first), ("other", other)]
+    for name, call in steps:
+        ops.concat_and_cache_mla_rope_fused(*call)
+    device[0] = 1  # another current device: the table's path, on that device's stream
+    ops.concat_and_cache_mla_rope_fused(*first)
+    ops.concat_and_cache_mla_rope_fused(*first, check_values=True)  # no slot: nothing kept, table path
+    device[0] = 0
+    ops.concat_and_cache_mla_rope_fused(*first)  # the kept launch is device 1's: the table's path, kept anew
+    ops.concat_and_cache_mla_rope_fused(*first)
+    addresses = {name: [read(a) for a in (call[0], call[1], call[2], call[3], call[4], call[6], call[7], call[9])]
+                 for name, call in (("first", first), ("other", other))}
+    print(json.dumps(dict(launches=launches, addresses=addresses,
+                          names=[name for name, _ in steps] + ["first"] * 4)))
+''')
+
+
+def test_a_known_layout_launches_again_with_its_own_addresses(tmp_path):
+    """On the GPU backend (``TRITON_INTERPRET=0``; Triton's ``run`` recorded, the compiled kernel a
+    stand-in): a layout's first call is Triton's launch; a later call on the same buffers takes the
+    plan's kept launch, every pointer passed as the address of that call's own tensor (an fp8 cache's
+    too, as its code bits), on the current stream; the same layout at other addresses is another
+    layout with its own plan; another current device takes the table's path (and the plan keeps that
+    device's launch); a value-checked call (its plan in no slot) takes the table's path. Planted and
+    seen failing: the kept launch blind to the device; a validation key without the addresses (the
+    other buffers would launch with the first ones' addresses)."""
+    import json
+
+    script = tmp_path / "kept.py"
+    script.write_text(KEPT_SCRIPT)
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    env.pop("MLA_FUSE_TRITON_BACKEND", None)
+    process = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300,
+                             cwd=ROOT)
+    assert process.returncode == 0, process.stderr[-3000:]
+    result = json.loads(process.stdout.splitlines()[-1])
+    launches, addresses = result["launches"], result["addresses"]
+    assert [path for path, *_ in launches] == ["triton", "kept", "table", "kept", "kept", "triton", "table", "table",
+                                               "kept"], launches
+    for (path, grid, arguments, stream), name, device in zip(launches, result["names"],
+                                                             (0, 0, 0, 0, 0, 1, 1, 0, 0)):
+        assert arguments == addresses[name], (path, name, arguments, addresses)
+        assert stream in ((None,) if path == "triton" else (100 + device,)), (path, stream)
+        assert grid == launches[0][1]
+    assert addresses["first"] != addresses["other"]

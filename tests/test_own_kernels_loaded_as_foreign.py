@@ -204,8 +204,8 @@ def run(operation, arguments, kernel=None, monkeypatch=None, corrected=True):
         return copies
     module, _ = KERNEL_OF[operation]
 
-    def launcher(grid, args, constexprs, aligned):  # as mla_fuse.kernels.launcher.Launcher is called
-        kernel[grid](*args, ALIGNED=aligned, **constexprs)
+    def launcher(plan, *tensors):  # as mla_fuse.kernels.launcher.Launcher is called
+        kernel[plan.grid](*plan.arguments(tensors), ALIGNED=plan.aligned, **plan.constexprs)
 
     with monkeypatch.context() as patch:
         patch.setattr(module, "launcher", launcher)

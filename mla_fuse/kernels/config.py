@@ -99,16 +99,20 @@ class Constexprs(dict):
 
 
 def planned(slot: list | None, plan, *args) -> tuple:
-    """``plan(*args)``: a launch's grid, sizes and strides, constexprs and ``ALIGNED`` (``()``: nothing to
-    launch), computed once per layout. ``slot`` is ``mla_fuse.validation``'s slot for the arguments'
-    layout (a one-element list, the same list for every call whose tensors have the same addresses,
-    sizes, strides, dtypes and devices and whose other arguments are equal: everything a plan reads),
-    or None (no slot: computed every call)."""
+    """``plan(*args)``: a launch's ``launcher.Plan`` (grid, sizes and strides, constexprs, ``ALIGNED``;
+    ``()``: nothing to launch), computed once per layout. ``slot`` is ``mla_fuse.validation``'s slot
+    for the arguments' layout (a one-element list, the same list for every call whose tensors have
+    the same addresses, sizes, strides, dtypes and devices and whose other arguments are equal:
+    everything a plan reads, and the addresses the launch it keeps passes), or None (no slot:
+    computed every call). A slot is only ever given the arguments of its own layout."""
     if slot is None:
         return plan(*args)
     found = slot[0]
     if found is None:
-        found = slot[0] = plan(*args)
+        found = plan(*args)
+        if found:
+            found.kept = True  # the plan of one set of addresses: it may keep its launch (launcher.Plan)
+        slot[0] = found
     return found
 
 

@@ -42,7 +42,7 @@ import triton.language as tl
 from mla_fuse.kernels import EVERY_ARGUMENT, config, jit
 from mla_fuse.kernels.conversions import FP8_FORMATS
 from mla_fuse.kernels.indexing import cache_slots, head_range, store_heads, token_range
-from mla_fuse.kernels.launcher import Launcher
+from mla_fuse.kernels.launcher import Launcher, Plan
 
 
 @jit(do_not_specialize=EVERY_ARGUMENT, do_not_specialize_on_alignment=EVERY_ARGUMENT)
@@ -113,15 +113,11 @@ def launch(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, valu
     plan = config.planned(slot, _plan, key, value, key_cache, value_cache, slot_mapping, fp8_format, k_scale,
                           v_scale)
     if plan:
-        if fp8_format is not None:
-            key_cache, value_cache = key_cache.view(torch.uint8), value_cache.view(torch.uint8)  # the code bits
-        grid, sizes, constexprs, aligned = plan
-        launcher(grid, (key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, *sizes), constexprs,
-                 aligned)
+        launcher(plan, key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
 
 
 def _plan(key, value, key_cache, value_cache, slot_mapping, fp8_format, k_scale, v_scale) -> tuple:
-    """(grid, sizes and strides, constexprs, ``ALIGNED``) of a launch; () when there is nothing to launch."""
+    """The launch's ``Plan`` (grid, sizes and strides, constexprs, ``ALIGNED``); () when there is nothing to launch."""
     num_slots = slot_mapping.size(0)
     num_kv_heads, head_size, value_head_size = key.size(1), key.size(2), value.size(2)
     if num_slots == 0 or num_kv_heads == 0:
@@ -135,9 +131,9 @@ def _plan(key, value, key_cache, value_cache, slot_mapping, fp8_format, k_scale,
         key.element_size() * (stride_key[0] | stride_key[1] | stride_value[0] | stride_value[1]),
         key_cache.element_size() * (stride_key_cache[0] | stride_key_cache[1] | stride_key_cache[2]
                                     | stride_value_cache[0] | stride_value_cache[1] | stride_value_cache[2]))
-    return grid, (
+    return Plan(grid, (
         num_slots, num_kv_heads, kv_heads_per_program, key_cache.size(1), head_size, value_head_size,
         stride_key[0], stride_key[1], stride_value[0], stride_value[1], slot_mapping.stride(0),
         *stride_key_cache[:3], *stride_value_cache[:3],
         config.scale_stride(k_scale), config.scale_stride(v_scale),
-    ), constexprs, aligned
+    ), constexprs, aligned, code_bits=() if fp8_format is None else (2, 3))  # fp8 caches store code bits

@@ -54,7 +54,7 @@ import triton.language as tl
 from mla_fuse.kernels import EVERY_ARGUMENT, config, jit
 from mla_fuse.kernels.conversions import FP8_FORMATS, quantize
 from mla_fuse.kernels.indexing import cache_slots, head_range, store_heads, token_range
-from mla_fuse.kernels.launcher import Launcher
+from mla_fuse.kernels.launcher import Launcher, Plan
 from mla_fuse.kernels.rotation import load_cos_sin, rotate_in_place, store_pairs
 
 
@@ -167,16 +167,13 @@ def launch(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, valu
     plan = config.planned(slot, _plan, positions, query, key, value, key_cache, value_cache, slot_mapping,
                           cos_sin_cache, is_neox, fp8_format, k_scale, v_scale)
     if plan:
-        if fp8_format is not None:
-            key_cache, value_cache = key_cache.view(torch.uint8), value_cache.view(torch.uint8)  # the code bits
-        grid, sizes, constexprs, aligned = plan
-        launcher(grid, (positions, query, key, value, cos_sin_cache, slot_mapping, key_cache, value_cache, k_scale,
-                        v_scale, *sizes), constexprs, aligned)
+        launcher(plan, positions, query, key, value, cos_sin_cache, slot_mapping, key_cache, value_cache, k_scale,
+                 v_scale)
 
 
 def _plan(positions, query, key, value, key_cache, value_cache, slot_mapping, cos_sin_cache, is_neox, fp8_format,
           k_scale, v_scale) -> tuple:
-    """(grid, sizes and strides, constexprs, ``ALIGNED``) of a launch; () when there is nothing to launch."""
+    """The launch's ``Plan`` (grid, sizes and strides, constexprs, ``ALIGNED``); () when there is nothing to launch."""
     num_tokens, num_query_heads, head_size = query.shape
     num_kv_heads, value_head_size = key.size(1), value.size(2)
     rotary_dim = cos_sin_cache.size(1)
@@ -198,11 +195,11 @@ def _plan(positions, query, key, value, key_cache, value_cache, slot_mapping, co
         cos_sin_cache.element_size() * (stride_table[0] | half),
         key_cache.element_size() * (stride_key_cache[0] | stride_key_cache[1] | stride_key_cache[2]
                                     | stride_value_cache[0] | stride_value_cache[1] | stride_value_cache[2] | inner))
-    return grid, (
+    return Plan(grid, (
         num_tokens, num_query_heads, num_kv_heads, query_heads_per_program, kv_heads_per_program,
         slot_mapping.size(0), key_cache.size(1), head_size, value_head_size, half,
         positions.stride(0), stride_query[0], stride_query[1], stride_key[0], stride_key[1],
         stride_value[0], stride_value[1], stride_table[0], slot_mapping.stride(0),
         *stride_key_cache[:3], *stride_value_cache[:3],
         config.scale_stride(k_scale), config.scale_stride(v_scale),
-    ), constexprs, aligned
+    ), constexprs, aligned, code_bits=() if fp8_format is None else (6, 7))  # fp8 caches store code bits

@@ -23,6 +23,17 @@ same meaning. That a key never mixes two Triton compile keys is checked on the C
 profile's cases (``tests/test_compile_keys.py``: every launch through the table is given the key
 Triton's binder computes for it).
 
+A launch is described by its layout's ``Plan`` (grid, sizes and strides, constexprs, ``ALIGNED``,
+computed once per layout: ``config.planned``). A plan kept in a validation slot is the plan of one
+set of addresses, sizes, strides and dtypes (the slot's key holds them all), so once it has launched
+through the table it keeps the launch itself (``Plan.again``): the device, the compiled kernel's
+runner for the plan's grid, and the arguments with every pointer given as its address. A later call
+of that layout on the same current device calls the runner with those arguments, building nothing:
+no fp8 view, no key, no ``compiled[grid]`` closure, and Triton's C launcher takes each address as
+it is, where for a tensor it calls ``data_ptr()`` and the driver's ``cuPointerGetAttribute`` (Triton
+3.6 through 3.9 accept an ``int`` for a pointer argument). Another current device takes the table
+path (Triton's kernels are per device).
+
 What is not kept: Triton's check that the globals a kernel read at compile time are unchanged (our
 kernels read module constants only) and its ``pre_run_hooks`` (none are registered on our kernels).
 On the interpreter nothing is compiled and every launch is ``kernel[grid](...)``.
@@ -32,6 +43,8 @@ from __future__ import annotations
 
 import inspect
 from typing import Callable
+
+import torch
 
 from mla_fuse.kernels import INTERPRETED
 
@@ -62,9 +75,45 @@ current_device: Callable[[], int] = _current_device
 current_stream: Callable[[int], int] = _current_stream
 
 
+class Plan:
+    """A layout's launch: ``grid``, the ``sizes`` (sizes and strides, after the tensors in the kernel's
+    signature), the ``constexprs`` (a ``config.Constexprs``), ``aligned`` (the ``ALIGNED`` constexpr)
+    and ``code_bits`` (the positions of the tensors the kernel stores code bits into: fp8 caches, of
+    either dtype, viewed as ``torch.uint8``). ``kept``: whether it is a validation slot's plan (set by
+    ``config.planned``), the plan of one set of addresses; only such a plan keeps ``again``, its launch
+    after its layout's first launch on the GPU (module docstring; None before). Plans are equal when
+    they launch the same (``kept`` and ``again`` aside)."""
+
+    __slots__ = ("grid", "sizes", "constexprs", "aligned", "code_bits", "kept", "again")
+
+    def __init__(self, grid: tuple, sizes: tuple, constexprs, aligned: bool, code_bits: tuple[int, ...] = ()):
+        self.grid, self.sizes, self.constexprs, self.aligned, self.code_bits = (grid, sizes, constexprs, aligned,
+                                                                                code_bits)
+        self.kept = False
+        self.again = None
+
+    def _launch(self) -> tuple:
+        return self.grid, self.sizes, dict(self.constexprs), self.aligned, self.code_bits
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Plan) and self._launch() == other._launch()
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return f"Plan{self._launch()}"
+
+    def arguments(self, tensors) -> tuple:
+        """The kernel's runtime arguments for ``tensors`` (in signature order): the tensors, code bits
+        viewed as ``torch.uint8`` (same storage and strides), then the sizes."""
+        if self.code_bits:
+            tensors = [t.view(torch.uint8) if i in self.code_bits else t for i, t in enumerate(tensors)]
+        return (*tensors, *self.sizes)
+
+
 class Launcher:
-    """``launcher(grid, args, constexprs, aligned)`` launches ``kernel[grid](*args, **constexprs,
-    ALIGNED=aligned)``; ``constexprs`` is a ``config.Constexprs`` (constexprs and options of a layout)."""
+    """``launcher(plan, *tensors)`` launches ``kernel[plan.grid](*plan.arguments(tensors),
+    **plan.constexprs, ALIGNED=plan.aligned)``."""
 
     def __init__(self, kernel):
         self.kernel = kernel
@@ -86,7 +135,15 @@ class Launcher:
         #: key -> (compiled kernel, constexpr values in signature order)
         self.compiled: dict[tuple, tuple] = {}
 
-    def __call__(self, grid: tuple, args: tuple, constexprs, aligned: bool) -> None:
+    def __call__(self, plan: Plan, *tensors) -> None:
+        again = plan.again
+        if again is not None:
+            device, runner, arguments = again
+            if current_device() == device:
+                runner(*arguments, stream=current_stream(device))
+                return
+        args = plan.arguments(tensors)
+        grid, constexprs, aligned = plan.grid, plan.constexprs, plan.aligned
         if INTERPRETED:
             self.kernel[grid](*args, ALIGNED=aligned, **constexprs)
             return
@@ -94,18 +151,33 @@ class Launcher:
         key = (constexprs.layout, aligned, device, *[args[i].dtype for i in self.pointers])
         found = self.compiled.get(key)
         if found is None:
-            self._first(key, grid, args, dict(constexprs, ALIGNED=aligned))
-            return
-        compiled, constants = found
-        compiled[grid if len(grid) == 3 else (*grid, 1, 1)[:3]](*args, *constants, stream=current_stream(device))
+            found = self._first(key, grid, args, dict(constexprs, ALIGNED=aligned))
+            if found is None or not plan.kept:
+                return
+            runner = found[0][_grid3(grid)]
+        else:
+            runner = found[0][_grid3(grid)]
+            runner(*args, *found[1], stream=current_stream(device))
+            if not plan.kept:
+                return
+        addresses = set(self.pointers)
+        plan.again = (device, runner, (*[a.data_ptr() if i in addresses else a for i, a in enumerate(args)],
+                                       *found[1]))
 
-    def _first(self, key: tuple, grid: tuple, args: tuple, constexprs: dict) -> None:
-        """Triton's own launch; keeps the compiled kernel it returns for the key's later launches."""
+    def _first(self, key: tuple, grid: tuple, args: tuple, constexprs: dict) -> tuple | None:
+        """Triton's own launch; keeps the compiled kernel it returns for the key's later launches and
+        returns what the table now holds for the key (None when Triton returned no kernel)."""
         compiled = self.kernel[grid](*args, **constexprs)
         if hasattr(compiled, "result"):  # Triton's asynchronous compile mode returns a future
             compiled = compiled.result()
         if compiled is not None:
             self.compiled[key] = (compiled, tuple(constexprs[name] for name in self.constexpr_names))
+        return self.compiled.get(key)
 
 
-__all__ = ["Launcher", "current_device", "current_stream"]
+def _grid3(grid: tuple) -> tuple:
+    """A grid as the compiled kernel's launcher takes it: three dimensions."""
+    return grid if len(grid) == 3 else (*grid, 1, 1)[:3]
+
+
+__all__ = ["Launcher", "Plan", "current_device", "current_stream"]

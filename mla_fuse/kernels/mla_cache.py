@@ -40,7 +40,7 @@ import triton.language as tl
 from mla_fuse.kernels import EVERY_ARGUMENT, config, jit
 from mla_fuse.kernels.conversions import FP8_FORMATS, quantize
 from mla_fuse.kernels.indexing import cache_slots, entry_rows, token_range
-from mla_fuse.kernels.launcher import Launcher
+from mla_fuse.kernels.launcher import Launcher, Plan
 
 
 @jit(do_not_specialize=EVERY_ARGUMENT, do_not_specialize_on_alignment=EVERY_ARGUMENT)
@@ -110,14 +110,11 @@ def launch(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, slot_
     (``config.planned``)."""
     plan = config.planned(slot, _plan, kv_c, k_pe, kv_cache, slot_mapping, fp8_format)
     if plan:
-        if fp8_format is not None:
-            kv_cache = kv_cache.view(torch.uint8)  # same storage and strides; stores the code bits
-        grid, sizes, constexprs, aligned = plan
-        launcher(grid, (kv_c, k_pe, slot_mapping, kv_cache, scale, *sizes), constexprs, aligned)
+        launcher(plan, kv_c, k_pe, slot_mapping, kv_cache, scale)
 
 
 def _plan(kv_c, k_pe, kv_cache, slot_mapping, fp8_format) -> tuple:
-    """(grid, sizes and strides, constexprs, ``ALIGNED``) of a launch; () when there is nothing to launch."""
+    """The launch's ``Plan`` (grid, sizes and strides, constexprs, ``ALIGNED``); () when there is nothing to launch."""
     num_slots = slot_mapping.size(0)
     latent_dim, rotary_dim = kv_c.size(1), k_pe.size(1)
     if num_slots == 0:
@@ -127,7 +124,7 @@ def _plan(kv_c, k_pe, kv_cache, slot_mapping, fp8_format) -> tuple:
     aligned = config.aligned(kv_c.data_ptr(), k_pe.data_ptr(), kv_cache.data_ptr(),
                              kv_c.element_size() * (stride_kv_c[0] | stride_k[0]),
                              kv_cache.element_size() * (stride_cache[0] | stride_cache[1] | latent_dim))
-    return grid, (
+    return Plan(grid, (
         num_slots, kv_cache.size(1), latent_dim, rotary_dim,
         stride_kv_c[0], stride_k[0], slot_mapping.stride(0), stride_cache[0], stride_cache[1],
-    ), constexprs, aligned
+    ), constexprs, aligned, code_bits=() if fp8_format is None else (3,))  # an fp8 cache stores code bits

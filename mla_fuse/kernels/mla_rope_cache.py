@@ -50,7 +50,7 @@ import triton.language as tl
 from mla_fuse.kernels import EVERY_ARGUMENT, config, jit
 from mla_fuse.kernels.conversions import FP8_FORMATS, quantize
 from mla_fuse.kernels.indexing import cache_slots, entry_rows, head_range, token_range
-from mla_fuse.kernels.launcher import Launcher
+from mla_fuse.kernels.launcher import Launcher, Plan
 from mla_fuse.kernels.rotation import load_cos_sin, rotate_in_place, store_pairs
 
 
@@ -146,15 +146,11 @@ def launch(positions: torch.Tensor, q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c
     plan = config.planned(slot, _plan, positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, slot_mapping,
                           kv_cache, fp8_format)
     if plan:
-        if fp8_format is not None:
-            kv_cache = kv_cache.view(torch.uint8)  # same storage and strides; stores the code bits
-        grid, sizes, constexprs, aligned = plan
-        launcher(grid, (positions, q_pe, k_pe, kv_c, cos_sin_cache, slot_mapping, kv_cache, scale, *sizes), constexprs,
-                 aligned)
+        launcher(plan, positions, q_pe, k_pe, kv_c, cos_sin_cache, slot_mapping, kv_cache, scale)
 
 
 def _plan(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, slot_mapping, kv_cache, fp8_format) -> tuple:
-    """(grid, sizes and strides, constexprs, ``ALIGNED``) of a launch; () when there is nothing to launch."""
+    """The launch's ``Plan`` (grid, sizes and strides, constexprs, ``ALIGNED``); () when there is nothing to launch."""
     num_tokens, num_heads, rotary_dim = q_pe.shape
     latent_dim = kv_c.size(1)
     if num_tokens == 0:
@@ -170,8 +166,8 @@ def _plan(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, slot_mapping, kv_
         q_pe.element_size() * (stride_q[0] | stride_q[1] | stride_k[0] | stride_kv_c[0] | neox_half),
         cos_sin_cache.element_size() * (stride_table[0] | half),
         kv_cache.element_size() * (stride_cache[0] | stride_cache[1] | latent_dim | neox_half))
-    return grid, (
+    return Plan(grid, (
         num_tokens, num_heads, heads_per_program, slot_mapping.size(0), kv_cache.size(1), latent_dim, half,
         positions.stride(0), stride_q[0], stride_q[1], stride_k[0], stride_kv_c[0],
         stride_table[0], slot_mapping.stride(0), stride_cache[0], stride_cache[1],
-    ), constexprs, aligned
+    ), constexprs, aligned, code_bits=() if fp8_format is None else (6,))  # an fp8 cache stores code bits

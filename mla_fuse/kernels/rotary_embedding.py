@@ -40,7 +40,7 @@ import triton.language as tl
 
 from mla_fuse.kernels import EVERY_ARGUMENT, config, jit
 from mla_fuse.kernels.indexing import head_range, token_range
-from mla_fuse.kernels.launcher import Launcher
+from mla_fuse.kernels.launcher import Launcher, Plan
 from mla_fuse.kernels.rotation import load_cos_sin, rotate_in_place
 
 
@@ -121,12 +121,11 @@ def launch(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | Non
     (``config.planned``)."""
     plan = config.planned(slot, _plan, positions, query, key, head_size, cos_sin_cache, is_neox)
     if plan:
-        grid, sizes, constexprs, aligned = plan
-        launcher(grid, (positions, query, query if key is None else key, cos_sin_cache, *sizes), constexprs, aligned)
+        launcher(plan, positions, query, query if key is None else key, cos_sin_cache)
 
 
 def _plan(positions, query, key, head_size, cos_sin_cache, is_neox) -> tuple:
-    """(grid, sizes and strides, constexprs, ``ALIGNED``) of a launch; () when there is nothing to launch."""
+    """The launch's ``Plan`` (grid, sizes and strides, constexprs, ``ALIGNED``); () when there is nothing to launch."""
     num_tokens = query.size(0)
     rotary_dim = cos_sin_cache.size(1)
     if num_tokens == 0:
@@ -146,7 +145,7 @@ def _plan(positions, query, key, head_size, cos_sin_cache, is_neox) -> tuple:
         query.element_size() * (stride_query_token | stride_query_head | stride_key_token | stride_key_head
                                 | neox_half),
         cos_sin_cache.element_size() * (stride_table | half))
-    return grid, (
+    return Plan(grid, (
         num_tokens, num_query_heads, num_key_heads, query_heads_per_program, key_heads_per_program, half,
         positions.stride(0), stride_query_token, stride_query_head, stride_key_token, stride_key_head, stride_table,
-    ), constexprs, aligned
+    ), constexprs, aligned)
