@@ -7,6 +7,10 @@ L = 512, R = 64, bf16, fp8 cache; an MHA layer with H = 32, Hkv = 8, D = 128):
 
   new       ``validation.check_<op>`` on a layout it has not seen (``forget_layouts()`` first):
             every sync-free check runs
+  layer     ``validation.check_<op>`` on a layout whose shapes it passed at other addresses (in
+            an engine the layers of a step after the first, each with its own cache; here
+            each of 60 calls gets its own ``slot_mapping``, or ``positions``, tensor): the overlap
+            check alone runs
   same      ``validation.check_<op>`` on a layout it passed before: what a serving loop pays
             per call once its buffers are known (building the key of the layout)
   bare      ``torch.ops.mla_fuse.<op>`` with the checks and the kernel launch replaced by no-ops:
@@ -121,6 +125,9 @@ def per_call_us(function, repeats: int, device: str, number: int = 300) -> float
     return min(times) / number * 1e6
 
 
+LAYERS = 60  # the layers of a step after its first (DeepSeek-V3 has 61)
+
+
 def measure(operation: str, tokens: int, device: str, repeats: int) -> dict:
     args = arguments(operation, tokens, device)
     values = list(args.values())
@@ -132,7 +139,21 @@ def measure(operation: str, tokens: int, device: str, repeats: int) -> dict:
         validation.forget_layouts()
         check(*values)
 
+    # the same shapes at other addresses (in an engine another layer's cache; here another slot_mapping,
+    # or positions for the op without one)
+    moved = "slot_mapping" if "slot_mapping" in args else "positions"
+    layers = [[v.clone() if name == moved else v for name, v in args.items()] for _ in range(LAYERS)]
+
+    def each_layer():  # the first layer's call passes the shapes, the others are timed
+        validation.forget_layouts()
+        check(*values)
+        start = time.thread_time()
+        for layer in layers:
+            check(*layer)
+        return time.thread_time() - start
+
     row = {"new": per_call_us(first_time, repeats, device),
+           "layer": min(each_layer() for _ in range(repeats)) / LAYERS * 1e6,
            "same": per_call_us(lambda: check(*values), repeats, device),
            "values": per_call_us(lambda: check(*values, check_values=True), repeats, device)}
     with replaced(LAUNCHERS[operation], "launch", lambda *a, **k: None):
@@ -217,7 +238,7 @@ def main() -> None:
     parser.add_argument("--launch", action="store_true",
                         help="also time real calls of the fused MLA op at T=1, H=128, launches included")
     options = parser.parse_args()
-    columns = ["new", "same", "bare", "op", "wrapper", "values"]
+    columns = ["new", "layer", "same", "bare", "op", "wrapper", "values"]
     print(f"device {options.device}; microseconds of host CPU time per call (least of {options.repeats} runs); "
           "launches stubbed")
     print(f"{'operation':34} {'T':>5} " + " ".join(f"{c:>8}" for c in columns) + "  same/op  new/(bare+new)")

@@ -16,7 +16,10 @@ They run when ``check_values=True`` is passed to a public wrapper (``checking_va
 The sync-free verdict depends only on the arguments' metadata, so each checker remembers the
 layouts it passed (addresses, sizes, strides, dtypes, devices of the tensors and the other
 arguments as given, up to ``KNOWN_LAYOUTS_PER_OPERATION`` of them): a serving loop that calls
-an operation on the same buffers again pays for building that key, not for the checks. A checker
+an operation on the same buffers again pays for building that key, not for the checks. Of the
+checks only the overlap of written buffers reads addresses, so a layout whose shapes (everything
+but the addresses) a checker passed before, at other addresses, runs that check alone: the layers
+of one step after the first (each its own cache, the same activations' shapes). A checker
 called without value checks returns the layout's *slot*, a one-element list that lives as long as
 the layout is remembered (None when it is not): the op keeps there what its launch derives from the
 layout (``mla_fuse.kernels.config.planned``), so a call on known buffers computes neither the checks
@@ -401,60 +404,83 @@ def _repeated_slot_message(op: str, slot_mapping: torch.Tensor, repeats: int) ->
 # ---------------------------------------------------------------- layouts already checked
 
 _KNOWN_LAYOUTS: dict[str, dict[tuple, list]] = {}  # checker name -> layouts it passed -> each one's slot
+_KNOWN_SHAPES: dict[str, set] = {}  # checker name -> the address-free parts of those layouts
 
 
 def forget_layouts() -> None:
     """Forget every layout the checkers passed (the next call of each checks again)."""
-    for known in _KNOWN_LAYOUTS.values():
+    for known in (*_KNOWN_LAYOUTS.values(), *_KNOWN_SHAPES.values()):
         known.clear()
 
 
 def _layout_key(args: tuple) -> tuple:
-    """Everything the sync-free checks read: each tensor's address, sizes, strides, dtype and device,
-    and every other argument with its type (``True`` is not ``1``). Raises ``RuntimeError`` for a tensor
-    without storage; hashing the key raises ``TypeError`` for an unhashable argument.
+    """Everything the sync-free checks read, as ``(shapes, addresses)``: ``shapes`` holds each tensor's
+    sizes, strides, dtype and device and every other argument with its type (``True`` is not ``1``),
+    ``addresses`` each tensor's address. Raises ``RuntimeError`` for a tensor without storage; hashing
+    the key raises ``TypeError`` for an unhashable argument.
 
     Its cost is a known layout's whole cost, so it is built as cheaply as measured
     (``python benchmarks/bench_validation.py``, ``same``; fused MLA, 8 tensors): the five attribute
-    reads per tensor are 3.1 us of it, the comprehension and one hash with the lookup's compare the
-    rest. (Before: a generator with each tensor's type, hashed twice, 5.3 us; now 4.5 us.)"""
-    return tuple([(value.data_ptr(), value.shape, value.stride(), value.dtype, value.device)
-                  if isinstance(value, torch.Tensor) else (type(value), value) for value in args])
+    reads per tensor are 3.1 us of it, the loop and one hash with the lookup's compare the rest.
+    (Before: a generator with each tensor's type, hashed twice, 5.3 us; one comprehension of
+    per-tensor tuples, 4.5 us; this loop costs what that comprehension did.)"""
+    shapes, addresses = [], []
+    for value in args:
+        if isinstance(value, torch.Tensor):
+            shapes.append((value.shape, value.stride(), value.dtype, value.device))
+            addresses.append(value.data_ptr())
+        else:
+            shapes.append((type(value), value))
+    return tuple(shapes), tuple(addresses)
 
 
-def _remembering_layouts(checker):
-    """``checker(*args, check_values)``, skipping the sync-free checks for a layout it passed before,
-    and returning the layout's slot (module docstring); with value checks on it always runs in full
-    and returns None. Arguments may come by position or by name."""
-    known = _KNOWN_LAYOUTS.setdefault(checker.__name__, {})
-    names = tuple(inspect.signature(checker).parameters)[:-1]  # all but check_values
+def _remembering_layouts(overlap_checker):
+    """Decorate ``checker(*args, check_values)`` so that it skips what it checked before: a layout it
+    passed (the same key, ``_layout_key``) returns that layout's slot (module docstring) without
+    checking; a layout whose shapes it passed at other addresses (another layer's cache, the same
+    step's activations) runs only ``overlap_checker(*args)``, the one check that reads addresses.
+    With value checks on it always runs in full and returns None. Arguments may come by position or
+    by name."""
 
-    @functools.wraps(checker)
-    def check(*args, check_values: bool | None = None, **named) -> list | None:
-        if named:
-            args = (*args, *(named.pop(name) for name in names[len(args):] if name in named))
-        if named or len(args) != len(names):
-            checker(*args, **named, check_values=check_values)  # raises the TypeError of a wrong call
-            return None
-        if values_checked(check_values):
-            checker(*args, check_values=True)
-            return None
-        try:
-            key = _layout_key(args)
-            slot = known.get(key)  # hashed once: the lookup is the only hash on a hit
-            if slot is not None:
-                return slot
-        except (TypeError, RuntimeError):  # an unhashable argument, a tensor without storage: no key
-            key = None
-        checker(*args, check_values=False)
-        if key is None:
-            return None
-        if len(known) >= KNOWN_LAYOUTS_PER_OPERATION:
-            known.clear()  # start over (atomic: calls from several threads stay safe)
-        slot = known[key] = [None]
-        return slot
+    def decorate(checker):
+        known = _KNOWN_LAYOUTS.setdefault(checker.__name__, {})
+        shapes_known = _KNOWN_SHAPES.setdefault(checker.__name__, set())
+        names = tuple(inspect.signature(checker).parameters)[:-1]  # all but check_values
 
-    return check
+        @functools.wraps(checker)
+        def check(*args, check_values: bool | None = None, **named) -> list | None:
+            if named:
+                args = (*args, *(named.pop(name) for name in names[len(args):] if name in named))
+            if named or len(args) != len(names):
+                checker(*args, **named, check_values=check_values)  # raises the TypeError of a wrong call
+                return None
+            if values_checked(check_values):
+                checker(*args, check_values=True)
+                return None
+            try:
+                key = _layout_key(args)
+                slot = known.get(key)  # hashed once: the lookup is the only hash on a hit
+                if slot is not None:
+                    return slot
+                shapes_passed = key[0] in shapes_known
+            except (TypeError, RuntimeError):  # an unhashable argument, a tensor without storage: no key
+                key, shapes_passed = None, False
+            if shapes_passed:
+                overlap_checker(*args)
+            else:
+                checker(*args, check_values=False)
+            if key is None:
+                return None
+            if len(known) >= KNOWN_LAYOUTS_PER_OPERATION:
+                known.clear()  # start over (atomic: calls from several threads stay safe)
+                shapes_known.clear()
+            shapes_known.add(key[0])
+            slot = known[key] = [None]
+            return slot
+
+        return check
+
+    return decorate
 
 
 # ---------------------------------------------------------------- one checker per operation
@@ -474,7 +500,12 @@ def _heads_view_size(op: str, name: str, tensor: torch.Tensor, head_size: int) -
     return tensor.size(1) // head_size
 
 
-@_remembering_layouts
+def _rotary_embedding_overlap(positions, query, key, head_size, cos_sin_cache, is_neox) -> None:
+    check_no_overlap("rotary_embedding", dict(query=query, key=key),
+                     dict(positions=positions, cos_sin_cache=cos_sin_cache))
+
+
+@_remembering_layouts(_rotary_embedding_overlap)
 def check_rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox,
                            check_values: bool | None = None) -> None:
     op = "rotary_embedding"
@@ -493,7 +524,7 @@ def check_rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_n
     check_cos_sin_cache(op, cos_sin_cache, query.dtype, None, head_size)
     check_is_neox(op, is_neox)
     require_same_device(op, positions=positions, query=query, key=key, cos_sin_cache=cos_sin_cache)
-    check_no_overlap(op, dict(query=query, key=key), dict(positions=positions, cos_sin_cache=cos_sin_cache))
+    _rotary_embedding_overlap(positions, query, key, head_size, cos_sin_cache, is_neox)
     if values_checked(check_values):
         check_index_values(op, positions=positions, num_positions=cos_sin_cache.size(0))
 
@@ -520,19 +551,31 @@ def _fp8_scales(kv_cache_dtype: str, **scales: torch.Tensor) -> dict[str, torch.
     return scales if fp8_format(kv_cache_dtype) is not None else {}
 
 
-@_remembering_layouts
+def _concat_and_cache_mla_overlap(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale) -> None:
+    check_no_overlap("concat_and_cache_mla", dict(kv_cache=kv_cache),
+                     dict(kv_c=kv_c, k_pe=k_pe, slot_mapping=slot_mapping, scale=scale))
+
+
+@_remembering_layouts(_concat_and_cache_mla_overlap)
 def check_concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale,
                                check_values: bool | None = None) -> None:
     op = "concat_and_cache_mla"
     _check_mla_cache_args(op, kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale)
     require_same_device(op, kv_c=kv_c, k_pe=k_pe, kv_cache=kv_cache, slot_mapping=slot_mapping, scale=scale)
-    check_no_overlap(op, dict(kv_cache=kv_cache), dict(kv_c=kv_c, k_pe=k_pe, slot_mapping=slot_mapping, scale=scale))
+    _concat_and_cache_mla_overlap(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale)
     if values_checked(check_values):
         check_index_values(op, slot_mapping=slot_mapping, num_slots=kv_cache.size(0) * kv_cache.size(1),
                            scales=_fp8_scales(kv_cache_dtype, scale=scale))
 
 
-@_remembering_layouts
+def _concat_and_cache_mla_rope_fused_overlap(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, slot_mapping,
+                                             kv_cache, kv_cache_dtype, kv_cache_scale) -> None:
+    check_no_overlap("concat_and_cache_mla_rope_fused", dict(q_pe=q_pe, k_pe=k_pe, kv_cache=kv_cache),
+                     dict(kv_c=kv_c, positions=positions, cos_sin_cache=cos_sin_cache, slot_mapping=slot_mapping,
+                          kv_cache_scale=kv_cache_scale))
+
+
+@_remembering_layouts(_concat_and_cache_mla_rope_fused_overlap)
 def check_concat_and_cache_mla_rope_fused(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, slot_mapping,
                                           kv_cache, kv_cache_dtype, kv_cache_scale,
                                           check_values: bool | None = None) -> None:
@@ -549,9 +592,8 @@ def check_concat_and_cache_mla_rope_fused(positions, q_pe, k_pe, kv_c, cos_sin_c
     check_is_neox(op, is_neox)
     require_same_device(op, positions=positions, q_pe=q_pe, k_pe=k_pe, kv_c=kv_c, cos_sin_cache=cos_sin_cache,
                         slot_mapping=slot_mapping, kv_cache=kv_cache, kv_cache_scale=kv_cache_scale)
-    check_no_overlap(op, dict(q_pe=q_pe, k_pe=k_pe, kv_cache=kv_cache),
-                     dict(kv_c=kv_c, positions=positions, cos_sin_cache=cos_sin_cache, slot_mapping=slot_mapping,
-                          kv_cache_scale=kv_cache_scale))
+    _concat_and_cache_mla_rope_fused_overlap(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, slot_mapping,
+                                             kv_cache, kv_cache_dtype, kv_cache_scale)
     if values_checked(check_values):
         check_index_values(op, positions=positions, num_positions=cos_sin_cache.size(0), slot_mapping=slot_mapping,
                            num_slots=kv_cache.size(0) * kv_cache.size(1),
@@ -584,21 +626,34 @@ def _check_flash_cache_args(op: str, key, value, key_cache, value_cache, slot_ma
     return num_tokens
 
 
-@_remembering_layouts
+def _reshape_and_cache_flash_overlap(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
+                                     v_scale) -> None:
+    check_no_overlap("reshape_and_cache_flash", dict(key_cache=key_cache, value_cache=value_cache),
+                     dict(key=key, value=value, slot_mapping=slot_mapping, k_scale=k_scale, v_scale=v_scale))
+
+
+@_remembering_layouts(_reshape_and_cache_flash_overlap)
 def check_reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
                                   v_scale, check_values: bool | None = None) -> None:
     op = "reshape_and_cache_flash"
     _check_flash_cache_args(op, key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale)
     require_same_device(op, key=key, value=value, key_cache=key_cache, value_cache=value_cache,
                         slot_mapping=slot_mapping, k_scale=k_scale, v_scale=v_scale)
-    check_no_overlap(op, dict(key_cache=key_cache, value_cache=value_cache),
-                     dict(key=key, value=value, slot_mapping=slot_mapping, k_scale=k_scale, v_scale=v_scale))
+    _reshape_and_cache_flash_overlap(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale)
     if values_checked(check_values):
         check_index_values(op, slot_mapping=slot_mapping, num_slots=key_cache.size(0) * key_cache.size(1),
                            scales=_fp8_scales(kv_cache_dtype, k_scale=k_scale, v_scale=v_scale))
 
 
-@_remembering_layouts
+def _rope_and_reshape_and_cache_flash_overlap(positions, query, key, value, key_cache, value_cache, slot_mapping,
+                                              cos_sin_cache, is_neox, kv_cache_dtype, k_scale, v_scale) -> None:
+    check_no_overlap("rope_and_reshape_and_cache_flash",
+                     dict(query=query, key=key, key_cache=key_cache, value_cache=value_cache),
+                     dict(value=value, positions=positions, slot_mapping=slot_mapping, cos_sin_cache=cos_sin_cache,
+                          k_scale=k_scale, v_scale=v_scale))
+
+
+@_remembering_layouts(_rope_and_reshape_and_cache_flash_overlap)
 def check_rope_and_reshape_and_cache_flash(positions, query, key, value, key_cache, value_cache, slot_mapping,
                                            cos_sin_cache, is_neox, kv_cache_dtype, k_scale, v_scale,
                                            check_values: bool | None = None) -> None:
@@ -618,9 +673,8 @@ def check_rope_and_reshape_and_cache_flash(positions, query, key, value, key_cac
     require_same_device(op, positions=positions, query=query, key=key, value=value, key_cache=key_cache,
                         value_cache=value_cache, slot_mapping=slot_mapping, cos_sin_cache=cos_sin_cache,
                         k_scale=k_scale, v_scale=v_scale)
-    check_no_overlap(op, dict(query=query, key=key, key_cache=key_cache, value_cache=value_cache),
-                     dict(value=value, positions=positions, slot_mapping=slot_mapping, cos_sin_cache=cos_sin_cache,
-                          k_scale=k_scale, v_scale=v_scale))
+    _rope_and_reshape_and_cache_flash_overlap(positions, query, key, value, key_cache, value_cache, slot_mapping,
+                                              cos_sin_cache, is_neox, kv_cache_dtype, k_scale, v_scale)
     if values_checked(check_values):
         check_index_values(op, positions=positions, num_positions=cos_sin_cache.size(0), slot_mapping=slot_mapping,
                            num_slots=key_cache.size(0) * key_cache.size(1),

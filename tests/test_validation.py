@@ -346,3 +346,48 @@ def test_value_checks_are_never_skipped_for_a_remembered_layout():
     args["positions"][2] = 16  # same layout, a position past the 16-row table
     assert_rejected(lambda: validation.check_concat_and_cache_mla_rope_fused(**args, check_values=True), ValueError,
                     "positions")
+
+
+def _shared_shapes_then_overlap(operation):
+    """(valid arguments, arguments of the same shapes, strides, dtypes and devices at other addresses in which
+    a written buffer overlaps another argument, the names the error must give)."""
+    if operation == "rotary_embedding":
+        valid = dict(positions=torch.arange(3), query=torch.randn(3, 2, 8), key=torch.randn(3, 2, 8), head_size=8,
+                     cos_sin_cache=torch.randn(8, 4), is_neox=True)
+        query = torch.randn(3, 2, 8)
+        return valid, {**valid, "query": query, "key": query}, ("query", "key")
+    if operation in ("concat_and_cache_mla", "concat_and_cache_mla_rope_fused"):
+        valid = mla_fused_args(dtype=torch.float32)
+        cache = torch.zeros_like(valid["kv_cache"])
+        in_cache = cache.view(-1, cache.size(-1))[:4, :8]  # kv_c's shape and strides, inside the cache
+        overlapping = {**valid, "kv_cache": cache, "kv_c": in_cache}
+        if operation == "concat_and_cache_mla":
+            names = ("kv_c", "k_pe", "kv_cache", "slot_mapping", "kv_cache_dtype")
+            valid = {name: valid[name] for name in names} | {"scale": valid["kv_cache_scale"]}
+            overlapping = {name: overlapping[name] for name in names} | {"scale": valid["scale"]}
+        return valid, overlapping, ("kv_cache", "kv_c")
+    valid = flash_fused_args()
+    cache = torch.zeros_like(valid["key_cache"])
+    in_cache = cache.view(-1, *cache.shape[2:])[:3]  # key's shape and strides, inside the cache
+    overlapping = {**valid, "key_cache": cache, "key": in_cache}
+    if operation == "reshape_and_cache_flash":
+        names = ("key", "value", "key_cache", "value_cache", "slot_mapping", "kv_cache_dtype", "k_scale", "v_scale")
+        valid, overlapping = ({name: args[name] for name in names} for args in (valid, overlapping))
+    return valid, overlapping, ("key", "key_cache")
+
+
+@pytest.mark.parametrize("operation", ["rotary_embedding", "concat_and_cache_mla", "concat_and_cache_mla_rope_fused",
+                                       "reshape_and_cache_flash", "rope_and_reshape_and_cache_flash"])
+def test_a_layout_whose_shapes_passed_elsewhere_is_still_checked_for_overlap(operation):
+    """A checker that passed a layout's shapes at other addresses (another layer's cache) runs only the
+    overlap check for new addresses; that check still rejects a written buffer overlapping another
+    argument. Planted and seen failing: the shapes' path skipping the overlap check; one operation given
+    another's overlap check."""
+    check = getattr(validation, f"check_{operation}")
+    valid, overlapping, names = _shared_shapes_then_overlap(operation)
+    validation.forget_layouts()
+    check(**valid)
+    message = assert_rejected(lambda: check(**overlapping), ValueError, *names)
+    assert "overlap" in message
+    validation.forget_layouts()
+    assert_rejected(lambda: check(**overlapping), ValueError, *names)  # the same verdict from the full checks
