@@ -7,6 +7,9 @@
 #             (benchmarks/bench_validation.py --device cuda --launch)                      default 45 s
 #   bench     the fused op eager / under CUDA-graph replay / host us, against the unfused pair,
 #             FlagGems (when importable) and a device copy of the same bytes (bench_ops.py)   120 s
+#   tiles     the fused op's launch configurations under CUDA-graph replay against a copy, for the
+#             prefill rows under 85% of a copy (benchmarks/bench_tiles.py; what config picks, and
+#             the best of a grid of tokens/heads per program and warps, each checked bytewise) 240 s
 #   compile   the compile path on CUDA Inductor (Triton code generation): ci/gpu_compile_check.py
 #             (a DeepSeek-shaped decoder at O2 vs O1, recompiles, CUDA-graph replay) and the
 #             pass tests of tests/, which build their models on the kernels' device            150 s
@@ -26,11 +29,12 @@
 #             could not run (exit 2), ran past its share (124) or a wheel is missing
 #
 # MLA_FUSE_GPU_STEPS     the steps, in order (default: "dispatch bench compile repro verify", 855 s
-#                        of limits: one 15-minute job; keys, test and peers are for a job of their own)
+#                        of limits: one 15-minute job; tiles, keys, test and peers are for a job of their own)
 # MLA_FUSE_STEP_SECONDS  one limit for every step instead of the defaults above, and
 # MLA_FUSE_LIMIT_<step>  one step's limit (MLA_FUSE_LIMIT_verify=300); a step past its limit counts
 #                        as failed, and what it printed is kept in reports/gpu/<step>.log
 # MLA_FUSE_BENCH_ARGS    arguments for bench_ops.py (default: its own token and head counts)
+# MLA_FUSE_TILES_ARGS    arguments for bench_tiles.py (default: T 4096 and 16384, H 16 and 128, both caches)
 # MLA_FUSE_GPU_TESTS     the test step's tests/ files (default: the kernel, op and pass tests)
 #
 # Triton's cache: compiled kernels are kept in $TRITON_CACHE_DIR (Triton's default:
@@ -61,7 +65,7 @@ print("torch", torch.__version__, "triton", triton.__version__, "hypothesis", hy
       "mla_fuse", mla_fuse.__version__, "device", torch.cuda.get_device_name() if torch.cuda.is_available() else "none")' \
   | tee reports/gpu/versions.txt
 
-declare -A LIMIT=([dispatch]=45 [bench]=120 [compile]=150 [keys]=150 [repro]=120 [verify]=420 [test]=480 [peers]=300)
+declare -A LIMIT=([dispatch]=45 [bench]=120 [tiles]=240 [compile]=150 [keys]=150 [repro]=120 [verify]=420 [test]=480 [peers]=300)
 cache_dir=${TRITON_CACHE_DIR:-$HOME/.triton/cache}
 kernels() { find "$1" -name '*.cubin' -o -name '*.hsaco' 2>/dev/null | wc -l; }
 suite=(python3 -m pytest -p no:cacheprovider --pyargs mla_fuse_conformance --mla-fuse-impl=triton)
@@ -124,6 +128,7 @@ run_step() {
   case $1 in
     dispatch) python3 benchmarks/bench_validation.py --device cuda --launch ;;
     bench) python3 benchmarks/bench_ops.py --out reports/bench ${MLA_FUSE_BENCH_ARGS:-} ;;
+    tiles) python3 benchmarks/bench_tiles.py ${MLA_FUSE_TILES_ARGS:-} ;;
     compile) python3 ci/gpu_compile_check.py; local check=$?
              python3 -m pytest -p no:cacheprovider -q -n auto --junitxml=reports/pytest-gpu-passes.xml \
                tests/test_passes_mla.py tests/test_passes_mha.py tests/test_pass_regressions.py \
