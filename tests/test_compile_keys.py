@@ -51,6 +51,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -368,10 +369,11 @@ def worker(count: int, timing: bool) -> None:
 
 def count_keys(count: int = EXAMPLES, pythonpath: str | None = None, timing: bool = False) -> dict:
     path = pythonpath or os.pathsep.join([os.path.join(ROOT, ".shim"), ROOT, os.environ.get("PYTHONPATH", "")])
-    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=path)
-    env.pop("MLA_FUSE_TRITON_BACKEND", None)
     command = [sys.executable, os.path.abspath(__file__), "--worker", str(count)] + (["--timing"] if timing else [])
-    process = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    with tempfile.TemporaryDirectory() as cache:  # nothing compiles; a first launch's lock file lands here
+        env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=path, TRITON_CACHE_DIR=cache)
+        env.pop("MLA_FUSE_TRITON_BACKEND", None)
+        process = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
     lines = [line for line in process.stdout.splitlines() if line.startswith("COMPILE-KEYS ")]
     assert process.returncode == 0 and lines, f"worker failed:\n{process.stdout[-3000:]}\n{process.stderr[-5000:]}"
     return json.loads(lines[-1][len("COMPILE-KEYS "):])

@@ -160,7 +160,8 @@ def test_a_known_layout_reuses_its_launch_plan_and_every_plan_is_its_layouts(mon
     assert all(same for _, same in used), used
 
 
-KEPT_SCRIPT = textwrap.dedent('''
+# GPU kernels on the CPU: Triton's run recorded (its compiled kernel a stand-in), launches never run
+STAND_INS = textwrap.dedent('''
     import json
 
     import torch
@@ -185,7 +186,12 @@ KEPT_SCRIPT = textwrap.dedent('''
 
     def run(self, *args, grid, warmup, **kwargs):
         launches.append(("triton", [*grid, 1, 1][:3], [read(a) for a in args[:8]], None))
+        compile_or_load()
         return Compiled()
+
+
+    def compile_or_load():  # what Triton does with its caches: nothing here (a script may replace it)
+        pass
 
 
     JITFunction.run = run
@@ -199,7 +205,9 @@ KEPT_SCRIPT = textwrap.dedent('''
         kv = torch.empty(3, 16 + 8, dtype=torch.bfloat16)
         return [torch.arange(3), q[..., 4:], kv[:, 16:], kv[:, :16], torch.empty(64, 8), False, torch.arange(3),
                 torch.empty(4, 4, 24, dtype=torch.uint8), "fp8", torch.ones(1)]
+''')
 
+KEPT_SCRIPT = STAND_INS + textwrap.dedent('''
     first, other = arguments(), arguments()  # one layout at two sets of addresses
     steps = [("first", first), ("first", first), ("other", other), ("first", first), ("other", other)]
     for name, call in steps:
@@ -228,14 +236,10 @@ def test_a_known_layout_launches_again_with_its_own_addresses(tmp_path):
     other buffers would launch with the first ones' addresses)."""
     import json
 
-    script = tmp_path / "kept.py"
-    script.write_text(KEPT_SCRIPT)
-    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    env.pop("MLA_FUSE_TRITON_BACKEND", None)
-    process = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300,
-                             cwd=ROOT)
-    assert process.returncode == 0, process.stderr[-3000:]
-    result = json.loads(process.stdout.splitlines()[-1])
+    process = _started(tmp_path, "kept.py", KEPT_SCRIPT)
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err[-3000:]
+    result = json.loads(out.splitlines()[-1])
     launches, addresses = result["launches"], result["addresses"]
     assert [path for path, *_ in launches] == ["triton", "kept", "table", "kept", "kept", "triton", "table", "table",
                                                "kept"], launches
@@ -245,3 +249,55 @@ def test_a_known_layout_launches_again_with_its_own_addresses(tmp_path):
         assert stream in ((None,) if path == "triton" else (100 + device,)), (path, stream)
         assert grid == launches[0][1]
     assert addresses["first"] != addresses["other"]
+
+
+def _started(tmp_path, name: str, text: str, *args: str) -> subprocess.Popen:
+    """``text`` as a script in ``tmp_path``, started on the GPU backend (``TRITON_INTERPRET=0``) with
+    Triton's cache directory in ``tmp_path``."""
+    script = tmp_path / name  # Triton reads a @jit function's source from its file
+    script.write_text(text)
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path / "triton-cache"),
+               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    env.pop("MLA_FUSE_TRITON_BACKEND", None)
+    return subprocess.Popen([sys.executable, str(script), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, cwd=ROOT)
+
+
+LOCK_SCRIPT = STAND_INS + textwrap.dedent('''
+    import os
+    import sys
+    import time
+
+    from triton import knobs
+
+    os.makedirs(knobs.cache.dir, exist_ok=True)
+    made = os.path.join(knobs.cache.dir, "stand-in-kernel")  # Triton's file cache, for one kernel
+
+
+    def compile_or_load():  # as Triton's run: load a kernel the cache holds, else compile it (1 s) and keep it
+        if os.path.exists(made):
+            print("loaded")
+            return
+        time.sleep(1.0)
+        open(made, "w").close()
+        print("compiled")
+
+
+    while not os.path.exists(sys.argv[1]):  # both processes launch at once
+        time.sleep(0.01)
+    ops.concat_and_cache_mla_rope_fused(*arguments())
+''')
+
+
+def test_processes_meeting_a_new_kernel_compile_it_once(tmp_path):
+    """Two processes (two pytest workers, two ranks of an engine) launch the same new kernel at the same
+    moment, on the GPU backend with Triton's ``run`` a stand-in that compiles (1 s) what its file cache
+    lacks: one compiles, the other waits for it and loads (``launcher.compiling``). Planted and seen
+    failing: no lock (both compile)."""
+    go = tmp_path / "go"
+    processes = [_started(tmp_path, "lock.py", LOCK_SCRIPT, str(go)) for _ in range(2)]
+    go.touch()
+    results = [process.communicate(timeout=300) for process in processes]
+    assert all(process.returncode == 0 for process in processes), [err[-2000:] for _, err in results]
+    assert sorted(out.split()[-1] for out, _ in results) == ["compiled", "loaded"], results
+    assert len(os.listdir(tmp_path / "triton-cache" / "mla_fuse_locks")) == 1

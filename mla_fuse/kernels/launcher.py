@@ -34,6 +34,14 @@ it is, where for a tensor it calls ``data_ptr()`` and the driver's ``cuPointerGe
 3.6 through 3.9 accept an ``int`` for a pointer argument). Another current device takes the table
 path (Triton's kernels are per device).
 
+A key's first launch in a process holds a lock while Triton compiles or loads its kernel: a file
+lock in Triton's cache directory (``triton.knobs.cache.dir``, ``$TRITON_CACHE_DIR``), named by the
+kernel's source hash and the key without the device. Triton's file cache has no lock of its own,
+so processes that meet a kernel none has compiled yet each compiled it: the 16 workers of a
+``pytest -n 16`` gate, the 8 ranks of a tensor-parallel engine. With the lock one process compiles
+and the others wait, then load it from the cache; different kernels still compile in parallel.
+(POSIX ``fcntl.flock``; where there is none, each process compiles what it does not find.)
+
 What is not kept: Triton's check that the globals a kernel read at compile time are unchanged (our
 kernels read module constants only) and its ``pre_run_hooks`` (none are registered on our kernels).
 On the interpreter nothing is compiled and every launch is ``kernel[grid](...)``.
@@ -41,10 +49,18 @@ On the interpreter nothing is compiled and every launch is ``kernel[grid](...)``
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import inspect
+import os
 from typing import Callable
 
 import torch
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no lock between processes (each compiles what it does not find)
+    fcntl = None
 
 from mla_fuse.kernels import INTERPRETED
 
@@ -167,12 +183,34 @@ class Launcher:
     def _first(self, key: tuple, grid: tuple, args: tuple, constexprs: dict) -> tuple | None:
         """Triton's own launch; keeps the compiled kernel it returns for the key's later launches and
         returns what the table now holds for the key (None when Triton returned no kernel)."""
-        compiled = self.kernel[grid](*args, **constexprs)
-        if hasattr(compiled, "result"):  # Triton's asynchronous compile mode returns a future
-            compiled = compiled.result()
+        with compiling(self.kernel, (key[:2], key[3:])):  # the key without the device
+            compiled = self.kernel[grid](*args, **constexprs)
+            if hasattr(compiled, "result"):  # Triton's asynchronous compile mode returns a future
+                compiled = compiled.result()
         if compiled is not None:
             self.compiled[key] = (compiled, tuple(constexprs[name] for name in self.constexpr_names))
         return self.compiled.get(key)
+
+
+@contextlib.contextmanager
+def compiling(kernel, key: tuple):
+    """Hold the machine-wide lock of ``kernel``'s variant ``key`` (module docstring): a file in
+    ``<Triton's cache directory>/mla_fuse_locks`` named by a hash of the kernel's source hash and
+    ``key``; the lock goes with the file's descriptor, so a process that dies releases it."""
+    if fcntl is None:
+        yield
+        return
+    from triton import knobs
+
+    directory = os.path.join(knobs.cache.dir, "mla_fuse_locks")
+    os.makedirs(directory, exist_ok=True)
+    name = hashlib.sha256(repr((kernel.cache_key, key)).encode()).hexdigest()[:32]
+    with open(os.path.join(directory, name + ".lock"), "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
 
 
 def _grid3(grid: tuple) -> tuple:
@@ -180,4 +218,4 @@ def _grid3(grid: tuple) -> tuple:
     return grid if len(grid) == 3 else (*grid, 1, 1)[:3]
 
 
-__all__ = ["Launcher", "Plan", "current_device", "current_stream"]
+__all__ = ["Launcher", "Plan", "compiling", "current_device", "current_stream"]
