@@ -37,9 +37,10 @@ path (Triton's kernels are per device).
 A key's first launch in a process holds a lock while Triton compiles or loads its kernel: a file
 lock in Triton's cache directory (``triton.knobs.cache.dir``, ``$TRITON_CACHE_DIR``), named by the
 kernel's source hash and the key without the device. Triton's file cache has no lock of its own,
-so processes that meet a kernel none has compiled yet each compiled it: the 16 workers of a
+so processes that meet a kernel another is still compiling compile it again: the workers of a
 ``pytest -n 16`` gate, the 8 ranks of a tensor-parallel engine. With the lock one process compiles
-and the others wait, then load it from the cache; different kernels still compile in parallel.
+and the others wait for it, then load it from the cache; different kernels still compile in
+parallel.
 (POSIX ``fcntl.flock``; where there is none, each process compiles what it does not find.)
 
 What is not kept: Triton's check that the globals a kernel read at compile time are unchanged (our
