@@ -116,7 +116,7 @@ def launch(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, valu
         launcher(plan, key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
 
 
-def _plan(key, value, key_cache, value_cache, slot_mapping, fp8_format, k_scale, v_scale) -> tuple:
+def _plan(key, value, key_cache, value_cache, slot_mapping, fp8_format, k_scale, v_scale) -> Plan | tuple:
     """The launch's ``Plan`` (grid, sizes and strides, constexprs, ``ALIGNED``); () when there is nothing to launch."""
     num_slots = slot_mapping.size(0)
     num_kv_heads, head_size, value_head_size = key.size(1), key.size(2), value.size(2)

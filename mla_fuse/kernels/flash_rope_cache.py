@@ -172,7 +172,7 @@ def launch(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, valu
 
 
 def _plan(positions, query, key, value, key_cache, value_cache, slot_mapping, cos_sin_cache, is_neox, fp8_format,
-          k_scale, v_scale) -> tuple:
+          k_scale, v_scale) -> Plan | tuple:
     """The launch's ``Plan`` (grid, sizes and strides, constexprs, ``ALIGNED``); () when there is nothing to launch."""
     num_tokens, num_query_heads, head_size = query.shape
     num_kv_heads, value_head_size = key.size(1), value.size(2)

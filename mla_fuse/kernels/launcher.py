@@ -40,8 +40,7 @@ kernel's source hash and the key without the device. Triton's file cache has no 
 so processes that meet a kernel another is still compiling compile it again: the workers of a
 ``pytest -n 16`` gate, the 8 ranks of a tensor-parallel engine. With the lock one process compiles
 and the others wait for it, then load it from the cache; different kernels still compile in
-parallel.
-(POSIX ``fcntl.flock``; where there is none, each process compiles what it does not find.)
+parallel (POSIX ``fcntl.flock``; where there is none, each process compiles what it does not find).
 
 What is not kept: Triton's check that the globals a kernel read at compile time are unchanged (our
 kernels read module constants only) and its ``pre_run_hooks`` (none are registered on our kernels).

@@ -113,7 +113,7 @@ def launch(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, slot_
         launcher(plan, kv_c, k_pe, slot_mapping, kv_cache, scale)
 
 
-def _plan(kv_c, k_pe, kv_cache, slot_mapping, fp8_format) -> tuple:
+def _plan(kv_c, k_pe, kv_cache, slot_mapping, fp8_format) -> Plan | tuple:
     """The launch's ``Plan`` (grid, sizes and strides, constexprs, ``ALIGNED``); () when there is nothing to launch."""
     num_slots = slot_mapping.size(0)
     latent_dim, rotary_dim = kv_c.size(1), k_pe.size(1)

@@ -149,7 +149,7 @@ def launch(positions: torch.Tensor, q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c
         launcher(plan, positions, q_pe, k_pe, kv_c, cos_sin_cache, slot_mapping, kv_cache, scale)
 
 
-def _plan(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, slot_mapping, kv_cache, fp8_format) -> tuple:
+def _plan(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, slot_mapping, kv_cache, fp8_format) -> Plan | tuple:
     """The launch's ``Plan`` (grid, sizes and strides, constexprs, ``ALIGNED``); () when there is nothing to launch."""
     num_tokens, num_heads, rotary_dim = q_pe.shape
     latent_dim = kv_c.size(1)

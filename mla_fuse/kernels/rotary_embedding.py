@@ -124,7 +124,7 @@ def launch(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | Non
         launcher(plan, positions, query, query if key is None else key, cos_sin_cache)
 
 
-def _plan(positions, query, key, head_size, cos_sin_cache, is_neox) -> tuple:
+def _plan(positions, query, key, head_size, cos_sin_cache, is_neox) -> Plan | tuple:
     """The launch's ``Plan`` (grid, sizes and strides, constexprs, ``ALIGNED``); () when there is nothing to launch."""
     num_tokens = query.size(0)
     rotary_dim = cos_sin_cache.size(1)
