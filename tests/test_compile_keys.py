@@ -40,8 +40,10 @@ The binder is a private Triton API: the test is pinned to the Triton version CI'
 installs (``PINNED_TRITON``) and skipped elsewhere. It takes about 25 s on a 2-core machine
 (drawing the 1000 cases is most of it).
 
-``python tests/test_compile_keys.py --worker [N] [--timing]`` prints the counts (``N`` cases per
-operation; ``--timing``: host microseconds per launch with ``JITFunction.run`` a no-op); with
+``python tests/test_compile_keys.py --worker [N] [--timing] [--seeds S ...]`` prints the counts (``N``
+cases per operation; ``--timing``: host microseconds per launch with ``JITFunction.run`` a no-op;
+``--seeds``: the keys of ``N`` cases per operation drawn from each seed, and how many of them the
+derandomized cases share); with
 ``PYTHONPATH`` at another checkout's packages it counts that checkout's kernels.
 """
 
@@ -123,6 +125,25 @@ def _draw(strategy, count: int) -> list:
 
     @settings(settings.get_profile("mla_fuse.gpu"), max_examples=count, derandomize=True, database=None,
               phases=(Phase.generate,), suppress_health_check=list(HealthCheck))
+    @given(case=strategy)
+    def collect(case):
+        drawn.append(case)
+
+    collect()
+    return drawn
+
+
+def _draw_seeded(strategy, count: int, seed: int) -> list:
+    """``count`` cases of ``strategy`` under the gpu profile as a run with ``--hypothesis-seed=seed`` draws
+    them. (``_draw``'s source is left as it is: a derandomized draw depends on the test function's source.)"""
+    import hypothesis
+    from hypothesis import HealthCheck, Phase, given, settings
+
+    drawn = []
+
+    @hypothesis.seed(seed)
+    @settings(settings.get_profile("mla_fuse.gpu"), max_examples=count, database=None, phases=(Phase.generate,),
+              suppress_health_check=list(HealthCheck))
     @given(case=strategy)
     def collect(case):
         drawn.append(case)
@@ -311,8 +332,10 @@ def _timing_case():
                    is_neox=False)
 
 
-def worker(count: int, timing: bool) -> None:
-    """Print one JSON line: distinct keys per kernel (and calls per kernel) over ``count`` cases per op."""
+def worker(count: int, timing: bool, seeds: list[int] = ()) -> None:
+    """Print one JSON line: distinct keys per kernel (and calls per kernel) over ``count`` cases per op;
+    with ``seeds``, also per seed and kernel the keys of ``count`` cases per op drawn from that seed
+    and how many of them the derandomized cases have too (what a cache kept from another run holds)."""
     assert os.environ.get("TRITON_INTERPRET") == "0"
     os.environ["MLA_FUSE_PROPERTY_SIZES"] = "large"  # cases.sizes.LARGE, as the gpu profile
     from triton.runtime.jit import JITFunction
@@ -357,6 +380,17 @@ def worker(count: int, timing: bool) -> None:
               "cases": {op: len(found) for op, found in cases.items()},
               "siblings": {op: len(found) for op, found in siblings.items()},
               "seconds": {"draw": round(drawn - started, 1), "build_and_call": round(time.perf_counter() - drawn, 1)}}
+    derandomized = {kernel: {key for key, _ in found} for kernel, found in keys.items()}
+    result["seeds"] = {}
+    for seed in seeds:
+        keys.clear()
+        for operation, name, fused in OPERATIONS:
+            strategy = getattr(strategies, name)() if fused is None else getattr(strategies, name)(fused=fused)
+            for case in _draw_seeded(strategy, count, seed):
+                _call(ops, operation, tensors.build(case, "cpu").args)
+        result["seeds"][seed] = {kernel: [len({key for key, _ in found}),
+                                          len({key for key, _ in found} & derandomized.get(kernel, set()))]
+                                 for kernel, found in sorted(keys.items())}
     if timing:
         launcher.Launcher.__call__ = launcher_call
         result["timing"] = _timing(ops, "concat_and_cache_mla_rope_fused",
@@ -410,4 +444,5 @@ def test_gpu_profile_compiles_within_budget():
 if __name__ == "__main__" and "--worker" in sys.argv:
     position = sys.argv.index("--worker")
     worker(int(sys.argv[position + 1]) if len(sys.argv) > position + 1 and sys.argv[position + 1].isdigit()
-           else EXAMPLES, "--timing" in sys.argv)
+           else EXAMPLES, "--timing" in sys.argv,
+           [int(seed) for seed in sys.argv[sys.argv.index("--seeds") + 1:]] if "--seeds" in sys.argv else [])
