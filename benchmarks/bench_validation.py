@@ -27,7 +27,9 @@ checks' share of the host time of a call without its launch: ``same / op``, and
 ``--launch`` adds the real calls, launches included, of the fused MLA op at T=1, H=128 (a decode
 step of DeepSeek-V3 with all 128 heads on one GPU): ``torch.ops.mla_fuse.<op>``,
 ``mla_fuse.ops.<op>`` (a known layout: its plan's kept launch, ``launcher.Plan``), the same
-``torch.ops`` call with every launch through Triton's ``JITFunction.run`` (the kernel's
+``torch.ops`` call through the launcher's table with no kept launch (the plan reused, the
+table's key, the fp8 view and tensors for the C launcher built each call), and with every launch
+through Triton's ``JITFunction.run`` (the kernel's
 ``launcher.Launcher`` table kept empty, so no plan keeps a launch: what a call cost before them),
 and two trivial ops for scale (an empty op of the same schema, and ``aten.add_`` on a one-element
 tensor), as host CPU time and wall time per call of a loop of calls (the wall time of a
@@ -53,7 +55,7 @@ import timeit
 import torch
 
 from mla_fuse import ops, validation
-from mla_fuse.kernels import flash_cache, flash_rope_cache, mla_cache, mla_rope_cache
+from mla_fuse.kernels import config, flash_cache, flash_rope_cache, mla_cache, mla_rope_cache
 from mla_fuse.kernels import rotary_embedding as rope_kernel
 
 LAUNCHERS = {"rotary_embedding": rope_kernel, "concat_and_cache_mla": mla_cache,
@@ -209,6 +211,17 @@ def launched_rows(device: str, repeats: int) -> dict[str, tuple[float, float]]:
     runs, calls = (repeats, 2000) if device == "cuda" else (min(repeats, 3), 3)  # interpreted: ms a launch
     rows = {**{name: host_us(call, device, repeats, 2000) for name, call in trivial.items()},
             **{name: host_us(call, device, runs, calls) for name, call in ours.items()}}
+    planned = config.planned
+
+    def never_kept(slot, plan, *args):  # the plan kept in the slot, but not its launch
+        found = planned(slot, plan, *args)
+        if found:
+            found.kept, found.again = False, None
+        return found
+
+    with replaced(config, "planned", never_kept):
+        rows[f"torch.ops.mla_fuse.{LAUNCHED}, through the table, no kept launch"] = host_us(
+            lambda: op(*values), device, runs, calls)
     with replaced(mla_rope_cache.launcher, "compiled", _NeverKept()):
         validation.forget_layouts()  # the plans the rows above kept their launches in
         rows[f"torch.ops.mla_fuse.{LAUNCHED}, every launch Triton's run"] = host_us(lambda: op(*values), device,
@@ -251,10 +264,10 @@ def main() -> None:
     if options.launch:
         name = torch.cuda.get_device_name() if options.device == "cuda" else "CPU, Triton's interpreter"
         print(f"\nreal calls, T=1, H=128, fp8 cache, on {name}: host microseconds per call")
-        print(f"{'call':72} {'cpu':>8} {'wall':>8}")
+        print(f"{'call':84} {'cpu':>8} {'wall':>8}")
         rows = launched_rows(options.device, options.repeats)
         for call, (cpu, wall) in rows.items():
-            print(f"{call:72} {cpu:8.1f} {wall:8.1f}")
+            print(f"{call:84} {cpu:8.1f} {wall:8.1f}")
         for call, (cpu, wall) in rows.items():  # the lines ci/gpu.sh's summary shows
             print(f"summary: {call}: {cpu:.1f} us host CPU, {wall:.1f} us wall per call (T=1, H=128, {name})")
         if options.device == "cuda":

@@ -3,8 +3,8 @@
 # limit, each run even when an earlier one failed, ending in a one-screen summary; exit 1 if any failed.
 #
 #   dispatch  host microseconds per eager call, torch.ops and mla_fuse.ops, real launches, with
-#             and without the kernels' launch tables, and where a call's host time goes (cProfile)
-#             (benchmarks/bench_validation.py --device cuda --launch)                      default 45 s
+#             and without the kept launches and the launch tables, and where a call's host time
+#             goes (cProfile) (benchmarks/bench_validation.py --device cuda --launch)      default 45 s
 #   bench     the fused op eager / under CUDA-graph replay / host us, against the unfused pair,
 #             FlagGems (when importable) and a device copy of the same bytes (bench_ops.py)   120 s
 #   tiles     the fused op's launch configurations under CUDA-graph replay against a copy, for the
