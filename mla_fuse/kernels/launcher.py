@@ -137,6 +137,8 @@ class Launcher:
         runtime = [p for p in parameters if "constexpr" not in str(p.annotation)]
         #: positions of the pointer (tensor) arguments: the runtime ones with no type annotation
         self.pointers = tuple(i for i, p in enumerate(runtime) if p.annotation is inspect.Parameter.empty)
+        #: per runtime argument up to the last pointer, whether it is a pointer (passed as its address when kept)
+        self.is_pointer = tuple(i in self.pointers for i in range(max(self.pointers, default=-1) + 1))
         #: the constexprs in signature order (Triton's launcher takes them after the runtime arguments)
         self.constexpr_names = tuple(p.name for p in parameters if p not in runtime)
         if parameters[:len(runtime)] != runtime:
@@ -176,9 +178,8 @@ class Launcher:
             runner(*args, *found[1], stream=current_stream(device))
             if not plan.kept:
                 return
-        addresses = set(self.pointers)
-        plan.again = (device, runner, (*[a.data_ptr() if i in addresses else a for i, a in enumerate(args)],
-                                       *found[1]))
+        plan.again = (device, runner, (*[a.data_ptr() if pointer else a for pointer, a in zip(self.is_pointer, args)],
+                                       *args[len(self.is_pointer):], *found[1]))
 
     def _first(self, key: tuple, grid: tuple, args: tuple, constexprs: dict) -> tuple | None:
         """Triton's own launch; keeps the compiled kernel it returns for the key's later launches and
