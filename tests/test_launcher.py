@@ -301,3 +301,23 @@ def test_processes_meeting_a_new_kernel_compile_it_once(tmp_path):
     assert all(process.returncode == 0 for process in processes), [err[-2000:] for _, err in results]
     assert sorted(out.split()[-1] for out, _ in results) == ["compiled", "loaded"], results
     assert len(os.listdir(tmp_path / "triton-cache" / "mla_fuse_locks")) == 1
+
+
+def test_a_cache_directory_that_cannot_be_written_takes_no_lock(tmp_path, monkeypatch):
+    """A prebuilt, read-only Triton cache (Triton loads from it): the compile lock cannot be made there,
+    and the launch goes on without it instead of failing."""
+    from mla_fuse.kernels import launcher
+
+    class Kernel:
+        cache_key = "source-hash"
+
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("")  # a file where the lock directory would go: makedirs raises an OSError
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(blocked))
+    ran = []
+    with launcher.compiling(Kernel(), ("layout",)):
+        ran.append(True)
+    assert ran == [True]
+    with launcher.compiling(Kernel(), ("layout",)):  # and again: nothing was left held
+        ran.append(True)
+    assert ran == [True, True]

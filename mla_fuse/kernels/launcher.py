@@ -197,16 +197,22 @@ class Launcher:
 def compiling(kernel, key: tuple):
     """Hold the machine-wide lock of ``kernel``'s variant ``key`` (module docstring): a file in
     ``<Triton's cache directory>/mla_fuse_locks`` named by a hash of the kernel's source hash and
-    ``key``; the lock goes with the file's descriptor, so a process that dies releases it."""
+    ``key``; the lock goes with the file's descriptor, so a process that dies releases it. Where the
+    directory cannot be written (a read-only cache Triton only loads from) nothing is locked."""
     if fcntl is None:
         yield
         return
     from triton import knobs
 
     directory = os.path.join(knobs.cache.dir, "mla_fuse_locks")
-    os.makedirs(directory, exist_ok=True)
     name = hashlib.sha256(repr((kernel.cache_key, key)).encode()).hexdigest()[:32]
-    with open(os.path.join(directory, name + ".lock"), "a") as held:
+    try:
+        os.makedirs(directory, exist_ok=True)
+        held = open(os.path.join(directory, name + ".lock"), "a")
+    except OSError:  # a cache directory this process cannot write (a read-only, prebuilt cache): no lock
+        yield
+        return
+    with held:
         fcntl.flock(held, fcntl.LOCK_EX)
         try:
             yield
