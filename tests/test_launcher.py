@@ -1,5 +1,6 @@
 """The launch path of ``mla_fuse.kernels``: ``launcher.Launcher``'s refusals, its table's writes on a GPU,
-and the launch plans kept per known layout (``config.planned``).
+the launch plans kept per known layout (``config.planned``) and the launches kept in them
+(``launcher.Plan.again``), and the compile lock processes share (``launcher.compiling``).
 
 ``Launcher`` refuses a kernel whose Triton compile key its own key could miss.
 
@@ -10,7 +11,7 @@ passed to the compiled kernel's launcher by position). A kernel built otherwise 
 launcher is made, by name. That the key is right for our own kernels on the ``gpu`` profile's cases is
 ``tests/test_compile_keys.py``'s. GPU kernels are built in a subprocess (``TRITON_INTERPRET=0``, as
 ``test_aot_compile.py``): nothing compiles or runs. On a GPU (``ci/gpu.sh``'s ``test`` step) a launch
-through the table writes the bytes Triton's own launch writes.
+through the table and a kept launch write the bytes Triton's own launch writes.
 """
 
 from __future__ import annotations
