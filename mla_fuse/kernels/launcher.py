@@ -109,7 +109,7 @@ class Plan:
         self.again = None
 
     def _launch(self) -> tuple:
-        return self.grid, self.sizes, dict(self.constexprs), self.aligned, self.code_bits
+        return self.grid, self.sizes, self.constexprs, self.aligned, self.code_bits
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Plan) and self._launch() == other._launch()
@@ -168,18 +168,18 @@ class Launcher:
         device = current_device()
         key = (constexprs.layout, aligned, device, *[args[i].dtype for i in self.pointers])
         found = self.compiled.get(key)
-        if found is None:
+        first = found is None
+        if first:  # Triton's own launch compiles or finds the kernel and launches it
             found = self._first(key, grid, args, dict(constexprs, ALIGNED=aligned))
-            if found is None or not plan.kept:
+            if found is None:
                 return
-            runner = found[0][_grid3(grid)]
-        else:
-            runner = found[0][_grid3(grid)]
-            runner(*args, *found[1], stream=current_stream(device))
-            if not plan.kept:
-                return
-        plan.again = (device, runner, (*[a.data_ptr() if pointer else a for pointer, a in zip(self.is_pointer, args)],
-                                       *args[len(self.is_pointer):], *found[1]))
+        compiled, constants = found
+        runner = compiled[_grid3(grid)]
+        if not first:
+            runner(*args, *constants, stream=current_stream(device))
+        if plan.kept:
+            addresses = [a.data_ptr() if pointer else a for pointer, a in zip(self.is_pointer, args)]
+            plan.again = (device, runner, (*addresses, *args[len(self.is_pointer):], *constants))
 
     def _first(self, key: tuple, grid: tuple, args: tuple, constexprs: dict) -> tuple | None:
         """Triton's own launch; keeps the compiled kernel it returns for the key's later launches and
