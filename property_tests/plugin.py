@@ -23,6 +23,8 @@ When the suite is in use it
   of ``declarations/third_party_warnings.py``;
 * registers the ``mla_fuse.*`` hypothesis profiles and, unless ``--hypothesis-profile`` names
   one, loads ``mla_fuse.ci`` under ``CI=true``, else ``mla_fuse.dev``;
+* in an xdist worker, gives torch its share of the CPU threads (``share_cpu_threads``) unless
+  ``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS`` is set;
 * with ``$MLA_FUSE_REPORT_DIR`` set (``mla-fuse verify`` sets it), writes one JSON line per test
   outcome to ``outcomes.jsonl`` there, from pytest's report hooks (on the xdist controller, so a
   crashed worker's test is recorded too);
@@ -119,6 +121,32 @@ def start_suite(config) -> None:
     profiles.register()
     profiles.select_default(explicit=config.getoption("hypothesis_profile", None) is not None)
     current.recorder = recording.Recorder(track_inflight=True)
+    share_cpu_threads(config)
+
+
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # a thread count the user set: left as it is
+
+
+def threads_per_worker(threads: int, workers: int) -> int:
+    """torch's CPU threads for one of ``workers`` processes that share the ``threads`` it would take alone."""
+    return max(1, threads // max(1, workers))
+
+
+def share_cpu_threads(config) -> None:
+    """An xdist worker takes its share of torch's CPU threads: its default divided by the workers.
+
+    The suite builds every case, its float64 reference and the comparisons with torch on the CPU,
+    whatever the kernels' device; with ``-n auto`` each worker would start as many threads as the
+    machine has cores, N workers x N threads, and the workers then wait on each other's threads
+    (16 threads a core, as on a 16-core runner: two ``gpu``-profile properties 3.1-3.4x slower;
+    docs/DESIGN.md, "CPU threads of the workers"). ``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS`` set
+    by the user is left as it is; one process (no ``-n``) keeps torch's default."""
+    workers = getattr(config, "workerinput", {}).get("workercount")
+    if not workers or any(os.environ.get(name) for name in THREAD_ENV):
+        return
+    import torch
+
+    torch.set_num_threads(threads_per_worker(torch.get_num_threads(), workers))
 
 
 def loaded_implementation(config):
