@@ -17,7 +17,8 @@
 #             then again with the same seed on that cache (must compile nothing new)          150 s
 #   repro     the reproducers' CUDA path: a planted bug's cell, its script run with DEVICE='cuda'
 #             (reproduces; passes with --reference)                                          120 s
-#   verify    mla-fuse verify --profile gpu, the whole profile (kernels compiled are counted)  420 s
+#   verify    mla-fuse verify --profile gpu, the whole profile (kernels compiled are counted,  420 s
+#             the 15 slowest tests printed)
 #             (on an empty Triton cache an H200 ran 160 of its 250 properties in 6 minutes:
 #             keep the cache between runs, or give a cold run MLA_FUSE_LIMIT_verify=600)
 #   test      the suite (gpu profile) and the tests/ files that run on the kernels' device     480 s
@@ -137,7 +138,7 @@ run_step() {
     repro) step_repro ;;
     verify) local before after status
             before=$(kernels "$cache_dir")
-            mla-fuse verify --profile gpu --report-dir reports/gpu/verify -n auto; status=$?
+            mla-fuse verify --profile gpu --report-dir reports/gpu/verify -n auto -- --durations=15; status=$?
             after=$(kernels "$cache_dir")
             echo "summary: verify --profile gpu exit $status; $((after - before)) kernels compiled ($after in $cache_dir)"
             return $status ;;
