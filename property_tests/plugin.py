@@ -124,29 +124,21 @@ def start_suite(config) -> None:
     share_cpu_threads(config)
 
 
-THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # a thread count the user set: left as it is
-
-
-def threads_per_worker(threads: int, workers: int) -> int:
-    """torch's CPU threads for one of ``workers`` processes that share the ``threads`` it would take alone."""
-    return max(1, threads // max(1, workers))
-
-
 def share_cpu_threads(config) -> None:
-    """An xdist worker takes its share of torch's CPU threads: its default divided by the workers.
-
-    The suite builds every case, its float64 reference and the comparisons with torch on the CPU,
-    whatever the kernels' device; with ``-n auto`` each worker would start as many threads as the
-    machine has cores, N workers x N threads, and the workers then wait on each other's threads
-    (16 threads a core, as on a 16-core runner: two ``gpu``-profile properties 3.1-3.4x slower;
-    docs/DESIGN.md, "CPU threads of the workers"). ``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS`` set
-    by the user is left as it is; one process (no ``-n``) keeps torch's default."""
+    """An xdist worker takes its share of torch's CPU threads, its default divided by the workers
+    (``running.devices.worker_threads``: the suite's own work is CPU torch work, and N workers each
+    with one thread per core wait on each other); ``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS`` set by
+    the user is left as it is, and one process (no ``-n``) keeps torch's default."""
     workers = getattr(config, "workerinput", {}).get("workercount")
-    if not workers or any(os.environ.get(name) for name in THREAD_ENV):
+    if not workers:
         return
-    import torch
+    from mla_fuse_conformance.running.devices import worker_threads
 
-    torch.set_num_threads(threads_per_worker(torch.get_num_threads(), workers))
+    threads = worker_threads(workers)
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
 
 
 def loaded_implementation(config):

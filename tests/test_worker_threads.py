@@ -1,7 +1,8 @@
 """An xdist worker of a suite session takes its share of torch's CPU threads
-(``mla_fuse_conformance.plugin.share_cpu_threads``): with ``-n N`` each worker runs torch with its
-default thread count divided by N, a count the user set (``OMP_NUM_THREADS``) is kept, and one
-process keeps torch's default. The suite's cases, reference and comparisons are CPU torch work
+(``mla_fuse_conformance.plugin.share_cpu_threads``, ``running.devices.worker_threads``): with ``-n N``
+each worker runs torch with its default thread count divided by N, a count the user set
+(``OMP_NUM_THREADS``) is kept, and one process keeps torch's default; ``mla-fuse fuzz`` gives its
+workers the same share. The suite's cases, reference and comparisons are CPU torch work
 whatever the kernels' device, and N workers each starting one thread per core wait on each other."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import sys
 
 import pytest
 
-from mla_fuse_conformance.plugin import THREAD_ENV, threads_per_worker
+from mla_fuse_conformance.running.devices import THREAD_ENV, threads_per_worker
 
 RECORDS_THREADS = """
 import os
@@ -85,3 +86,23 @@ def test_each_worker_takes_its_share_and_a_users_count_is_kept(tmp_path):
 @pytest.mark.parametrize("threads, workers, share", [(16, 16, 1), (16, 4, 4), (2, 4, 1), (12, 5, 2), (1, 0, 1)])
 def test_threads_per_worker(threads, workers, share):
     assert threads_per_worker(threads, workers) == share
+
+
+def test_each_fuzz_worker_is_given_its_share(tmp_path, monkeypatch):
+    """``mla-fuse fuzz`` starts its workers itself (not xdist): each gets its share as ``OMP_NUM_THREADS``."""
+    import torch
+
+    from mla_fuse_conformance.commands.fuzz import workers as fuzz_workers
+
+    class Options:
+        db, read_only = str(tmp_path / "db"), False
+
+    for name in THREAD_ENV:
+        monkeypatch.delenv(name, raising=False)
+    shared = fuzz_workers.worker_environment(Options, None, False, tmp_path / "w.json", workers=2)
+    share = str(threads_per_worker(torch.get_num_threads(), 2))
+    assert shared.get("OMP_NUM_THREADS") == share, (share, shared.get("OMP_NUM_THREADS"))
+    assert "OMP_NUM_THREADS" not in fuzz_workers.worker_environment(Options, None, False, tmp_path / "w.json")
+    monkeypatch.setenv("MKL_NUM_THREADS", "5")
+    kept = fuzz_workers.worker_environment(Options, None, False, tmp_path / "w.json", workers=2)
+    assert "OMP_NUM_THREADS" not in kept and kept["MKL_NUM_THREADS"] == "5"

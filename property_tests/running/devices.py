@@ -14,6 +14,7 @@ import os
 import torch
 
 DEVICE_ENV_VAR = "MLA_FUSE_DEVICE"
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # a CPU thread count the user set: left as it is
 
 
 def select_device() -> torch.device:
@@ -25,6 +26,27 @@ def select_device() -> torch.device:
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
     index = int(worker[2:]) if worker[2:].isdigit() else 0
     return torch.device("cuda", index % torch.cuda.device_count())
+
+
+# ------------------------------------------------------------------ CPU threads of parallel processes
+
+
+def threads_per_worker(threads: int, workers: int) -> int:
+    """torch's CPU threads for one of ``workers`` processes that share the ``threads`` it would take alone."""
+    return max(1, threads // max(1, workers))
+
+
+def worker_threads(workers: int) -> int | None:
+    """torch's CPU threads for one of ``workers`` processes of the suite on this machine, or None where
+    the user set a count (``OMP_NUM_THREADS``/``MKL_NUM_THREADS``) or the process runs alone.
+
+    Every case is built, its float64 reference computed and the result compared with torch on the CPU,
+    whatever the kernels' device; N processes each starting one thread per core wait on each other's
+    threads (16 threads a core, as 16 workers on a 16-core runner: two ``gpu``-profile properties
+    3.1-3.4x slower; docs/DESIGN.md, "CPU threads of the workers")."""
+    if workers <= 1 or any(os.environ.get(name) for name in THREAD_ENV):
+        return None
+    return threads_per_worker(torch.get_num_threads(), workers)
 
 
 # ------------------------------------------------------------------ the kernels' device, what a step allocates there

@@ -54,13 +54,19 @@ def worker_command(spec: str, extra_pytest_args: list[str]) -> list[str]:
             *extra_pytest_args]
 
 
-def worker_environment(options, device: str | None, read_only: bool, inflight: pathlib.Path | None = None) -> dict[str, str]:
+def worker_environment(options, device: str | None, read_only: bool, inflight: pathlib.Path | None = None,
+                       workers: int = 1) -> dict[str, str]:
     """``inflight``: the process's own in-flight file. Two processes sharing one (the default
     ``inflight-main.json`` of every non-xdist pytest run) moved each other's file away, and the
-    suite's bookkeeping failed an example that then passed on replay."""
-    from mla_fuse_conformance.running.devices import DEVICE_ENV_VAR  # imports torch: not at `mla-fuse` start
+    suite's bookkeeping failed an example that then passed on replay. One of ``workers`` processes
+    gets its share of torch's CPU threads as ``OMP_NUM_THREADS`` (``devices.worker_threads``; a
+    count the user set is kept), as an xdist worker of the plugin does."""
+    from mla_fuse_conformance.running.devices import DEVICE_ENV_VAR, worker_threads  # imports torch: not at start
 
     env = dict(os.environ)
+    threads = worker_threads(workers)
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
     if inflight is not None:
         env[recording.INFLIGHT_ENV] = str(inflight)
     env[database.DATABASE_ENV_VAR] = options.db or str(database.default_directory())
@@ -123,7 +129,8 @@ def start_workers(options, devices: list[str | None], out_dir: pathlib.Path) -> 
         with open(log, "w") as stream:
             process = subprocess.Popen(worker_command(options.spec, options.pytest_args), stdout=stream,
                                        stderr=subprocess.STDOUT, start_new_session=True,
-                                       env=worker_environment(options, device, options.read_only, inflight))
+                                       env=worker_environment(options, device, options.read_only, inflight,
+                                                              len(devices)))
         workers.append(Worker(index, device, log, process, inflight))
         print(f"worker {index}: pid {process.pid}, device {device or 'default'}, log {log}", flush=True)
     return workers
