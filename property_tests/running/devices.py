@@ -5,6 +5,10 @@ Under pytest-xdist on a machine with several GPUs, worker ``gwN`` uses device
 
 The compile-pass kit has no choice to make: its models go where mla_fuse's own kernels run
 (``kernels_device``), and ``allocated_bytes`` counts what a step allocates on that device.
+
+The suite's own work (building cases, the float64 reference, comparing) runs on the CPU whatever
+the device: processes run side by side (xdist workers, ``mla-fuse fuzz`` workers) share torch's
+CPU threads (``worker_threads``).
 """
 
 from __future__ import annotations
