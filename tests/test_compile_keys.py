@@ -34,7 +34,9 @@ Two assertions per kernel:
 And per launch: each case is called twice on the same buffers, so each kernel launches through
 ``launcher.Launcher``'s table of compiled kernels (a later case of a known key) and through a plan's
 kept launch (the repeated call); each of those launches must be the one Triton's ``run`` would make
-for that call (its compile key, grid, arguments as the C launcher reads them, stream: ``_Compiled``).
+for that call (its compile key, grid, arguments as the C launcher reads them, stream: ``_Compiled``),
+and a kept launch, with no launch hook registered, calls the compiled kernel's launcher with the
+kernel's own handles and no hooks.
 
 The binder is a private Triton API: the test is pinned to the Triton version CI's main job
 installs (``PINNED_TRITON``) and skipped elsewhere. It takes about 25 s on a 2-core machine
@@ -192,7 +194,7 @@ def sibling(case):
 
 STREAM = 12345  # the stream the worker's launcher reports; a launch through the table must be given it
 # what each launch through a Launcher's table must get right (``_Compiled``)
-LAUNCH_CHECKS = ("same_key", "same_grid", "same_args", "same_stream")
+LAUNCH_CHECKS = ("same_key", "same_grid", "same_args", "same_stream", "same_handles")
 
 
 def _passed(value):
@@ -204,22 +206,32 @@ def _passed(value):
 
 class _Compiled:
     """What ``JITFunction.run`` returns here in place of a ``CompiledKernel``: the key it was "compiled"
-    under, and a launcher (``compiled[grid](*args, stream=)``, as ``CompiledKernel``'s) that compares
-    each launch ``launcher.Launcher`` makes through it (through its table, or again through a plan's
+    under, its runner (``compiled[grid](*args, stream=)``) and its launcher (``compiled.run(*grid,
+    stream, function, packed_metadata, launch_metadata, enter_hook, exit_hook, *args)``, which a
+    plan's kept launch calls while no launch hook is registered), as ``CompiledKernel``'s. Each compares
+    the launch ``launcher.Launcher`` makes through it (through its table, or again through a plan's
     kept launch) with the launch Triton's ``run`` would have made for that call (``intended``: its key,
-    grid and arguments in signature order, each tensor as the address the C launcher reads)."""
+    grid and arguments in signature order, each tensor as the address the C launcher reads); the
+    launcher must also be given this kernel's handles and no hooks."""
+
+    function, packed_metadata = 0xF00, ("packed", "metadata")
 
     def __init__(self, key, intended, direct):
         self.key, self.intended, self.direct = key, intended, direct
 
     def __getitem__(self, grid):
-        def runner(*args, stream=None):
-            kernel, key, bound, wanted_grid, again = self.intended[0]
-            self.direct.append(dict(kernel=kernel, same_key=self.key == key, same_grid=tuple(grid) == wanted_grid,
-                                    same_args=list(map(_passed, args)) == list(map(_passed, bound)),
-                                    same_stream=stream == STREAM, again=again))
+        return lambda *args, stream=None: self._record(grid, stream, args, True, "runner")
 
-        return runner
+    def run(self, grid_x, grid_y, grid_z, stream, function, packed_metadata, launch_metadata, enter, leave, *args):
+        self._record((grid_x, grid_y, grid_z), stream, args,
+                     (function, packed_metadata, launch_metadata, enter, leave)
+                     == (self.function, self.packed_metadata, None, None, None), "launcher")
+
+    def _record(self, grid, stream, args, same_handles, path):
+        kernel, key, bound, wanted_grid, again = self.intended[0]
+        self.direct.append(dict(kernel=kernel, same_key=self.key == key, same_grid=tuple(grid) == wanted_grid,
+                                same_args=list(map(_passed, args)) == list(map(_passed, bound)),
+                                same_stream=stream == STREAM, same_handles=same_handles, again=again, path=path))
 
 
 def _key_recorder(keys: dict, direct: list, repeating: list):
@@ -276,24 +288,29 @@ def _call(ops, operation: str, args: dict) -> None:
 
 def _timing(ops, operation: str, args: dict, repeats: int = 2000, rounds: int = 7) -> dict:
     """Host microseconds per call (best of ``rounds``) of the fused MLA op and of its kernel module's
-    ``launch`` (on a new layout, and on a known one: its plan kept in the layout's slot), the compiled
-    kernel's launcher a no-op (what our side costs up to Triton's C launcher),
-    and of the work Triton's ``JITFunction.run`` does on every call before that launcher, which
-    ``launcher.Launcher`` does once per layout: the binder and the compile key, for sm_90."""
+    ``launch`` (on a new layout, and on a known one: its plan kept in the layout's slot, launched
+    with no launch hook registered and with one), Triton's compiled kernel with its C launcher a
+    no-op (what our side and Triton's Python cost up to that launcher), and of the work Triton's
+    ``JITFunction.run`` does on every call before that launcher, which ``launcher.Launcher`` does
+    once per layout: the binder and the compile key, for sm_90."""
     import inspect
 
+    from triton import knobs
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import make_backend
+    from triton.compiler import ASTSource, CompiledKernel, make_backend
     from triton.runtime.jit import JITFunction, compute_cache_key, create_function_from_signature
 
     from mla_fuse.kernels import mla_rope_cache
 
-    class NoLaunch:
-        def __getitem__(self, grid):
-            return lambda *args, stream=None: None
+    class NoLaunch(CompiledKernel):  # Triton's own runner and launch metadata; the C launcher does nothing
+        def __init__(self, kernel):
+            self.module, self._module_pid, self.function, self.packed_metadata = object(), None, 0, ()
+            self.name, self.hash, self.metadata, self.src = kernel.fn.__name__, "", None, ASTSource.__new__(ASTSource)
+            self.src.fn = kernel
+            self._run = lambda *args: None
 
     calls = []
-    JITFunction.run = lambda self, *args, grid, warmup, **kwargs: calls.append((self, args, kwargs)) or NoLaunch()
+    JITFunction.run = lambda self, *args, grid, warmup, **kwargs: calls.append((self, args, kwargs)) or NoLaunch(self)
     names = list(inspect.signature(mla_rope_cache.launch).parameters)[:-1]  # all but the layout's slot
     values = dict(args, fp8_format=None)
     launch_args = [values[name] for name in names]
@@ -317,10 +334,17 @@ def _timing(ops, operation: str, args: dict, repeats: int = 2000, rounds: int = 
         return round(min(times), 2)
 
     slot = [None]  # validation's slot of a known layout: the launch plan is kept there after the first call
-    return {"op_us": best(lambda: _call(ops, operation, args)),
-            "launch_us": best(lambda: mla_rope_cache.launch(*launch_args)),
-            "launch_known_layout_us": best(lambda: mla_rope_cache.launch(*launch_args, slot=slot)),
-            "triton_bind_and_key_us": best(triton_run_prelude)}
+    figures = {"op_us": best(lambda: _call(ops, operation, args)),
+               "launch_us": best(lambda: mla_rope_cache.launch(*launch_args)),
+               "launch_known_layout_us": best(lambda: mla_rope_cache.launch(*launch_args, slot=slot)),
+               "triton_bind_and_key_us": best(triton_run_prelude)}
+    hook = lambda metadata: None  # noqa: E731  (a profiler's launch hook: the kept launch takes Triton's runner)
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        figures["launch_known_layout_hooked_us"] = best(lambda: mla_rope_cache.launch(*launch_args, slot=slot))
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    return figures
 
 
 def _timing_case():
@@ -376,6 +400,7 @@ def worker(count: int, timing: bool, seeds: list[int] = ()) -> None:
               "direct": {kernel: sum(1 for launch in direct if launch["kernel"] == kernel) for kernel in sorted(keys)},
               "again": {kernel: sum(1 for launch in direct if launch["kernel"] == kernel and launch["again"])
                         for kernel in sorted(keys)},
+              "again_through_runner": sum(1 for launch in direct if launch["again"] and launch["path"] == "runner"),
               "direct_wrong": [launch for launch in direct if not all(launch[check] for check in LAUNCH_CHECKS)][:5],
               "cases": {op: len(found) for op, found in cases.items()},
               "siblings": {op: len(found) for op, found in siblings.items()},
@@ -434,9 +459,11 @@ def test_gpu_profile_compiles_within_budget():
                        f"in the compile key: {split}")
     assert all(result["direct"].values()), f"a kernel never launched through its Launcher's table: {result['direct']}"
     assert all(result["again"].values()), f"a kernel never launched through a plan's kept launch: {result['again']}"
+    assert result["again_through_runner"] == 0, ("with no launch hook registered a kept launch called the compiled "
+                                                 "kernel's runner, not its launcher")
     assert not result["direct_wrong"], (f"a launch through a Launcher's table or a plan's kept launch is not the "
-                                        f"launch Triton's run would make (another compile key, grid, arguments or "
-                                        f"stream): {result['direct_wrong']}")
+                                        f"launch Triton's run would make (another compile key, grid, arguments, "
+                                        f"stream or kernel handles): {result['direct_wrong']}")
     over = {kernel: f"{found}/{BUDGET[kernel]}" for kernel, found in keys.items() if found > BUDGET[kernel]}
     assert not over, f"compiled variants over budget (keys/budget): {over}; all: {keys}"
 

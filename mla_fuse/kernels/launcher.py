@@ -27,12 +27,20 @@ A launch is described by its layout's ``Plan`` (grid, sizes and strides, constex
 computed once per layout: ``config.planned``). A plan kept in a validation slot is the plan of one
 set of addresses, sizes, strides and dtypes (the slot's key holds them all), so once it has launched
 through the table it keeps the launch itself (``Plan.again``): the device, the compiled kernel's
-runner for the plan's grid, and the arguments with every pointer given as its address. A later call
-of that layout on the same current device calls the runner with those arguments, building nothing:
-no fp8 view, no key, no ``compiled[grid]`` closure, and Triton's C launcher takes each address as
-it is, where for a tensor it calls ``data_ptr()`` and the driver's ``cuPointerGetAttribute`` (Triton
-3.6 through 3.9 accept an ``int`` for a pointer argument). Another current device takes the table
-path (Triton's kernels are per device).
+runner for the plan's grid, its launcher and handles, and the arguments with every pointer given as
+its address. A later call
+of that layout on the same current device launches those arguments, building nothing: no fp8 view,
+no key, no ``compiled[grid]`` closure, and Triton's C launcher takes each address as it is, where for
+a tensor it calls ``data_ptr()`` and the driver's ``cuPointerGetAttribute`` (Triton 3.6 through 3.9
+accept an ``int`` for a pointer argument). While no launch hook is registered (Triton's
+``knobs.runtime.launch_enter_hook`` and ``launch_exit_hook``, ``HookChain`` objects with no calls: a
+profiler such as Proton adds one) it calls the compiled kernel's launcher itself,
+``compiled.run(*grid, stream, compiled.function, compiled.packed_metadata, None, None, None,
+*arguments)``, which is what the runner calls with the hooks and their launch metadata (a
+``LazyDict`` built per launch) given; the hooks having nothing to call, the launch is the same
+(Triton 3.6 through 3.9: the same method, the same arguments). With a hook registered the kept
+launch calls the runner, so the hook sees every launch. Another current device takes the table path
+(Triton's kernels are per device).
 
 A key's first launch in a process holds a lock while Triton compiles or loads its kernel: a file
 lock in Triton's cache directory (``triton.knobs.cache.dir``, ``$TRITON_CACHE_DIR``), named by the
@@ -63,6 +71,12 @@ except ImportError:  # not POSIX: no lock between processes (each compiles what 
     fcntl = None
 
 from mla_fuse.kernels import INTERPRETED
+
+try:
+    from triton import knobs as _knobs
+    from triton.knobs import HookChain
+except ImportError:  # a Triton without launch hook chains: every kept launch calls the runner
+    _knobs = HookChain = None
 
 
 def _current_device() -> int:
@@ -156,9 +170,13 @@ class Launcher:
     def __call__(self, plan: Plan, *tensors) -> None:
         again = plan.again
         if again is not None:
-            device, runner, arguments = again
+            device, run, grid, function, metadata, arguments, runner = again
             if current_device() == device:
-                runner(*arguments, stream=current_stream(device))
+                stream = current_stream(device)
+                if run is not None and _no_launch_hooks():
+                    run(*grid, stream, function, metadata, None, None, None, *arguments)
+                else:
+                    runner(*arguments, stream=stream)
                 return
         args = plan.arguments(tensors)
         grid, constexprs, aligned = plan.grid, plan.constexprs, plan.aligned
@@ -174,12 +192,20 @@ class Launcher:
             if found is None:
                 return
         compiled, constants = found
-        runner = compiled[_grid3(grid)]
+        grid = _grid3(grid)
+        runner = compiled[grid]
         if not first:
             runner(*args, *constants, stream=current_stream(device))
         if plan.kept:
             addresses = [a.data_ptr() if pointer else a for pointer, a in zip(self.is_pointer, args)]
-            plan.again = (device, runner, (*addresses, *args[len(self.is_pointer):], *constants))
+            # the compiled kernel's launcher and what the runner passes it (None: none to call directly)
+            direct = (getattr(compiled, "run", None), getattr(compiled, "function", None),
+                      getattr(compiled, "packed_metadata", None))
+            if HookChain is None or any(part is None for part in direct):
+                direct = (None, None, None)
+            run, function, metadata = direct
+            plan.again = (device, run, grid, function, metadata,
+                          (*addresses, *args[len(self.is_pointer):], *constants), runner)
 
     def _first(self, key: tuple, grid: tuple, args: tuple, constexprs: dict) -> tuple | None:
         """Triton's own launch; keeps the compiled kernel it returns for the key's later launches and
@@ -191,6 +217,13 @@ class Launcher:
         if compiled is not None:
             self.compiled[key] = (compiled, tuple(constexprs[name] for name in self.constexpr_names))
         return self.compiled.get(key)
+
+
+def _no_launch_hooks() -> bool:
+    """Whether Triton's launch hooks are empty ``HookChain`` objects: a launch then calls none."""
+    runtime = _knobs.runtime
+    enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
+    return type(enter) is HookChain and type(leave) is HookChain and not (enter.calls or leave.calls)
 
 
 @contextlib.contextmanager
