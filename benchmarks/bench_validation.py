@@ -27,7 +27,9 @@ checks' share of the host time of a call without its launch: ``same / op``, and
 ``--launch`` adds the real calls, launches included, of the fused MLA op at T=1, H=128 (a decode
 step of DeepSeek-V3 with all 128 heads on one GPU): ``torch.ops.mla_fuse.<op>``,
 ``mla_fuse.ops.<op>`` (a known layout: its plan's kept launch, ``launcher.Plan``), the same
-``torch.ops`` call through the launcher's table with no kept launch (the plan reused, the
+``torch.ops`` call with a launch hook registered (the kept launch then calls Triton's runner,
+which builds the hooks' launch metadata; without a hook it calls the C launcher itself), through
+the launcher's table with no kept launch (the plan reused, the
 table's key, the fp8 view and tensors for the C launcher built each call), and with every launch
 through Triton's ``JITFunction.run`` (the kernel's
 ``launcher.Launcher`` table kept empty, so no plan keeps a launch: what a call cost before them),
@@ -219,6 +221,15 @@ def launched_rows(device: str, repeats: int) -> dict[str, tuple[float, float]]:
             found.kept, found.again = False, None
         return found
 
+    from triton import knobs
+
+    hook = lambda metadata: None  # noqa: E731  (a profiler's launch hook: kept launches take Triton's runner)
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        rows[f"torch.ops.mla_fuse.{LAUNCHED}, a launch hook (Triton's runner)"] = host_us(
+            lambda: op(*values), device, runs, calls)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
     with replaced(config, "planned", never_kept):
         rows[f"torch.ops.mla_fuse.{LAUNCHED}, through the table, no kept launch"] = host_us(
             lambda: op(*values), device, runs, calls)
