@@ -38,6 +38,10 @@
 # MLA_FUSE_TILES_ARGS    arguments for bench_tiles.py (default: T 4096 and 16384, H 16 and 128, both caches)
 # MLA_FUSE_GPU_TESTS     the test step's tests/ files (default: the kernel, op and pass tests)
 #
+# The reports: reports/gpu/ (versions.txt, summary.txt, steps.tsv, <step>.log) and reports/bench/ (the bench
+# step's JSON and plot). Keep them as benchmarks/results/gpu-<date>/ (cp -r reports/gpu reports/bench DIR)
+# and regenerate docs/GPU.md's table of targets: python3 ci/gpu_tables.py benchmarks/results/gpu-* --write docs/GPU.md
+#
 # Triton's cache: compiled kernels are kept in $TRITON_CACHE_DIR (Triton's default:
 # ~/.triton/cache). Keep that directory between runs (the workflow caches it) and a rerun compiles
 # only kernels it has not seen; the verify step prints how many it compiled. For a cold measurement
@@ -156,6 +160,7 @@ export -f run_step step_keys step_repro step_peers kernels  # for the child shel
 export cache_dir
 summary=()
 failed=0
+touch reports/gpu/steps.tsv  # step, verdict, seconds, limit, appended: ci/gpu_tables.py reads a step's last line
 for step in ${MLA_FUSE_GPU_STEPS:-dispatch bench compile repro verify}; do
   own=MLA_FUSE_LIMIT_$step
   limit=${!own:-${MLA_FUSE_STEP_SECONDS:-${LIMIT[$step]:-600}}}
@@ -169,12 +174,13 @@ for step in ${MLA_FUSE_GPU_STEPS:-dispatch bench compile repro verify}; do
   verdict=$([ "$status" -eq 0 ] && echo ok || { [ "$status" -eq 124 ] && echo "TIMED OUT" || echo "FAILED ($status)"; })
   [ "$status" -eq 0 ] || failed=1
   summary+=("$(printf '%-9s %-11s %5s s' "$step" "$verdict" "$seconds")")
+  printf '%s\t%s\t%s\t%s\n' "$step" "$verdict" "$seconds" "$limit" >> reports/gpu/steps.tsv
   # the step's own summary lines, else pytest's closing line, else its last line
   lines=$(grep -a '^summary: ' "reports/gpu/$step.log" || grep -aE '[0-9]+ (passed|failed)' "reports/gpu/$step.log" \
           | tail -1 || tail -1 "reports/gpu/$step.log")
   while IFS= read -r line; do [ -n "$line" ] && summary+=("          ${line#summary: }"); done \
     < <(printf '%s\n' "$lines" | cut -c1-150)
 done
-echo "== summary ($(date -u +%H:%M:%S); $(cat reports/gpu/versions.txt))"
-printf '%s\n' "${summary[@]}"
+{ echo "== summary ($(date -u +%H:%M:%S); $(cat reports/gpu/versions.txt))"; printf '%s\n' "${summary[@]}"; } \
+  | tee reports/gpu/summary.txt
 exit $failed
