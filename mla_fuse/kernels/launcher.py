@@ -28,19 +28,18 @@ computed once per layout: ``config.planned``). A plan kept in a validation slot 
 set of addresses, sizes, strides and dtypes (the slot's key holds them all), so once it has launched
 through the table it keeps the launch itself (``Plan.again``): the device, the compiled kernel's
 runner for the plan's grid, its launcher and handles, and the arguments with every pointer given as
-its address. A later call
-of that layout on the same current device launches those arguments, building nothing: no fp8 view,
-no key, no ``compiled[grid]`` closure, and Triton's C launcher takes each address as it is, where for
-a tensor it calls ``data_ptr()`` and the driver's ``cuPointerGetAttribute`` (Triton 3.6 through 3.9
-accept an ``int`` for a pointer argument). While no launch hook is registered (Triton's
-``knobs.runtime.launch_enter_hook`` and ``launch_exit_hook``, ``HookChain`` objects with no calls: a
-profiler such as Proton adds one) it calls the compiled kernel's launcher itself,
-``compiled.run(*grid, stream, compiled.function, compiled.packed_metadata, None, None, None,
-*arguments)``, which is what the runner calls with the hooks and their launch metadata (a
-``LazyDict`` built per launch) given; the hooks having nothing to call, the launch is the same
-(Triton 3.6 through 3.9: the same method, the same arguments). With a hook registered the kept
-launch calls the runner, so the hook sees every launch. Another current device takes the table path
-(Triton's kernels are per device).
+its address. A later call of that layout on the same current device launches those arguments,
+building nothing: no fp8 view, no key, no ``compiled[grid]`` closure, and Triton's C launcher takes
+each address as it is, where for a tensor it calls ``data_ptr()`` and the driver's
+``cuPointerGetAttribute`` (Triton 3.6 through 3.9 accept an ``int`` for a pointer argument). While
+no launch hook is registered (Triton's ``knobs.runtime.launch_enter_hook`` and ``launch_exit_hook``,
+``HookChain`` objects with no calls: a profiler such as Proton adds one) it calls the compiled
+kernel's launcher itself, ``compiled.run(*grid, stream, compiled.function,
+compiled.packed_metadata, None, None, None, *arguments)``: what the runner calls, less the hooks and
+their launch metadata (a ``LazyDict`` the runner builds per launch); with nothing in the hooks the
+launch is the same (Triton 3.6 through 3.9: the same method, the same arguments). With a hook
+registered the kept launch calls the runner, so the hook sees every launch. Another current device
+takes the table path (Triton's kernels are per device).
 
 A key's first launch in a process holds a lock while Triton compiles or loads its kernel: a file
 lock in Triton's cache directory (``triton.knobs.cache.dir``, ``$TRITON_CACHE_DIR``), named by the
