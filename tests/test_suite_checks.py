@@ -204,6 +204,25 @@ def test_the_reference_matches_itself():
     comparisons.assert_matches(built.buffers, _after(built), expectation)
 
 
+@pytest.mark.parametrize("size", [(4, 3, 5), (1, 7, 2), (6, 1, 1), (3, 0, 4), (2, 2, 2, 3)])
+@pytest.mark.parametrize("outer_last", [False, True])
+@pytest.mark.parametrize("offset", [0, 17])
+def test_index_map_is_each_view_elements_index_in_the_flat_buffer(size, outer_last, offset):
+    """``Buffer.index_map`` (computed from the view's geometry) is the view of an ``arange`` over the whole
+    buffer, and with leading index tensors the elements they select (empty selections too)."""
+    buffer = memory.Buffer("b", 5000, torch.float16, "cpu", 1)
+    order = tuple(reversed(range(len(size)))) if outer_last else ()
+    buffer.add_view("v", size, tuple(2 * s for s in memory.row_major_strides(size, order)), offset)
+    everything = buffer.view("v", torch.arange(buffer.flat.numel()))
+    assert torch.equal(buffer.index_map("v"), everything)
+    generator = torch.Generator().manual_seed(0)
+    for count in range(1, len(size) + 1):
+        if all(size[:count]):
+            leading = [torch.randint(0, n, (6,), generator=generator) for n in size[:count]]
+            for chosen in (leading, [index[:0] for index in leading]):
+                assert torch.equal(buffer.index_map("v", *chosen), everything[tuple(chosen)])
+
+
 def test_a_flipped_sentinel_bit_is_located():
     built, expectation = _run_reference(PLAIN_MLA)
     after = _after(built)

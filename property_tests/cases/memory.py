@@ -76,9 +76,21 @@ class Buffer:
         base = self.flat if flat is None else flat
         return torch.as_strided(base, geometry.size, geometry.stride, base.storage_offset() + geometry.offset)
 
-    def index_map(self, view_name: str) -> torch.Tensor:
-        """For each element of the view, its index in the flat buffer (CPU int64)."""
-        return self.view(view_name, torch.arange(self.flat.numel()))
+    def index_map(self, view_name: str, *leading: torch.Tensor) -> torch.Tensor:
+        """For each element of the view, its index in the flat buffer (CPU int64): ``offset + sum_k i_k *
+        stride_k``. With ``leading`` (integer tensors of one shape ``[n]``), only the elements
+        ``view[leading[0][m], ..., leading[j][m]]``: ``[n, *the view's other sizes]``. Computed from the
+        view's geometry, not over the whole buffer (a cache pool at a real model's size has 10^8
+        elements, of which a step writes a few entries)."""
+        geometry = self.views[view_name]
+        count = len(leading)
+        rest = torch.zeros((), dtype=torch.int64)  # the other dims' part, outermost first
+        for size, stride in zip(geometry.size[count:], geometry.stride[count:]):
+            rest = rest.unsqueeze(-1) + torch.arange(size, dtype=torch.int64) * stride
+        first = torch.tensor(geometry.offset, dtype=torch.int64)
+        for index, stride in zip(leading, geometry.stride):
+            first = first + index.long() * stride
+        return first.reshape(*first.shape, *[1] * rest.dim()) + rest
 
     def position(self, flat_index: int) -> tuple[str, list[int]] | None:
         """``(view, index)`` of the first view holding flat element ``flat_index``, or None (sentinel memory)."""

@@ -45,8 +45,9 @@ class Built:
     def buffer_of(self, arg: str) -> memory.Buffer:
         return self.buffers[self.view_buffer[arg]]
 
-    def index_map(self, arg: str) -> torch.Tensor:
-        return self.buffer_of(arg).index_map(arg)
+    def index_map(self, arg: str, *leading: torch.Tensor) -> torch.Tensor:
+        """``memory.Buffer.index_map`` of the argument's view."""
+        return self.buffer_of(arg).index_map(arg, *leading)
 
     def add(self, buffer: memory.Buffer, **views: torch.Tensor) -> None:
         self.buffers[buffer.name] = buffer

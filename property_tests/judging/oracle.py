@@ -81,7 +81,7 @@ def _entry_index(built: builder.Built, cache: str, rows: Rows) -> torch.Tensor:
     slots = built.args["slot_mapping"].cpu().long()[: rows.written.numel()]
     valid = slots[rows.written[: slots.numel()]]
     block_size = built.args[cache].size(1)
-    return built.index_map(cache)[valid // block_size, valid % block_size]
+    return built.index_map(cache, valid // block_size, valid % block_size)
 
 
 def _exact_codes_region(expectation, built, cache: str, index: torch.Tensor, fmt: str, label: str) -> None:
