@@ -183,14 +183,15 @@ STAND_INS = textwrap.dedent('''
 
         def __getitem__(self, grid):  # its runner
             return lambda *args, stream=None: launches.append(
-                ("kept runner" if all(not isinstance(a, torch.Tensor) for a in args) else "table", list(grid),
-                 [read(a) for a in args[:8]], stream))
+                ("kept runner" if all(not isinstance(a, torch.Tensor) for a in args) else "table runner",
+                 list(grid), [read(a) for a in args[:8]], stream))
 
         def run(self, grid_x, grid_y, grid_z, stream, function, packed_metadata, launch_metadata, enter, leave,
                 *args):  # its C launcher, which the runner calls with the launch hooks and their metadata
             handles = (function, packed_metadata, launch_metadata, enter, leave)
-            launches.append(("kept" if handles == (self.function, self.packed_metadata, None, None, None)
-                             else f"kept with {handles}", [grid_x, grid_y, grid_z], [read(a) for a in args[:8]],
+            path = "kept" if all(not isinstance(a, torch.Tensor) for a in args) else "table"
+            launches.append((path if handles == (self.function, self.packed_metadata, None, None, None)
+                             else f"{path} with {handles}", [grid_x, grid_y, grid_z], [read(a) for a in args[:8]],
                              stream))
 
 
@@ -267,9 +268,11 @@ HOOKED_SCRIPT = STAND_INS + textwrap.dedent('''
     call = arguments()
     ops.concat_and_cache_mla_rope_fused(*call)  # Triton's launch
     ops.concat_and_cache_mla_rope_fused(*call)  # kept: the compiled kernel's launcher, no hooks
+    ops.concat_and_cache_mla_rope_fused(*call, check_values=True)  # no slot: the table's, its launcher too
     hook = lambda metadata: None
     knobs.runtime.launch_enter_hook.add(hook)  # a profiler's hook (Proton adds its own so)
     ops.concat_and_cache_mla_rope_fused(*call)
+    ops.concat_and_cache_mla_rope_fused(*call, check_values=True)  # the table's: its runner, which calls the hook
     knobs.runtime.launch_enter_hook.remove(hook)
     knobs.runtime.launch_exit_hook.add(hook)
     ops.concat_and_cache_mla_rope_fused(*call)
@@ -284,19 +287,19 @@ HOOKED_SCRIPT = STAND_INS + textwrap.dedent('''
 ''')
 
 
-def test_a_kept_launch_calls_the_runner_while_a_launch_hook_is_registered(tmp_path):
-    """A kept launch calls the compiled kernel's C launcher itself, with no launch metadata and no
-    hooks, only while Triton's launch hooks are empty ``HookChain`` objects; with a hook added to either
-    chain, or a hook set in its place, it calls the compiled kernel's runner, which builds the
-    metadata and passes the hooks (a profiler sees every launch). Planted and seen failing: the hooks
-    not looked at (every kept launch the launcher's)."""
+def test_a_launch_calls_the_runner_while_a_launch_hook_is_registered(tmp_path):
+    """A kept launch and a launch through the table call the compiled kernel's C launcher itself, with
+    no launch metadata and no hooks, only while Triton's launch hooks are empty ``HookChain`` objects;
+    with a hook added to either chain, or a hook set in its place, they call the compiled kernel's
+    runner, which builds the metadata and passes the hooks (a profiler sees every launch). Planted and
+    seen failing: the hooks not looked at (every launch the launcher's)."""
     import json
 
     process = _started(tmp_path, "hooked.py", HOOKED_SCRIPT)
     out, err = process.communicate(timeout=300)
     assert process.returncode == 0, err[-3000:]
-    assert json.loads(out.splitlines()[-1]) == ["triton", "kept", "kept runner", "kept runner", "kept",
-                                                "kept runner", "kept"]
+    assert json.loads(out.splitlines()[-1]) == ["triton", "kept", "table", "kept runner", "table runner",
+                                                "kept runner", "kept", "kept runner", "kept"]
 
 
 def _started(tmp_path, name: str, text: str, *args: str) -> subprocess.Popen:

@@ -15,31 +15,31 @@ Triton would compute is a function of three things the launcher knows without bi
 
 ``Launcher`` keys its own table on exactly those. A key's first launch goes through
 ``kernel[grid](...)`` (Triton binds, compiles or finds the kernel, launches, and returns the
-compiled kernel); later launches of the key call that compiled kernel's own launcher,
-``CompiledKernel[grid](*args)``: the same call Triton's ``run`` ends with (the launch-metadata hook,
-``launch_enter_hook``/``launch_exit_hook``, and the C launcher, with the arguments and constexprs in
-signature order), without the binder and the key. Triton 3.6 through 3.9 have that method with the
-same meaning. That a key never mixes two Triton compile keys is checked on the CPU for the ``gpu``
-profile's cases (``tests/test_compile_keys.py``: every launch through the table is given the key
-Triton's binder computes for it).
+compiled kernel); later launches of the key launch that compiled kernel themselves, with the
+arguments and constexprs in signature order: the launch Triton's ``run`` ends with, without the
+binder and the key. That a key never mixes two Triton compile keys is checked on the CPU for the
+``gpu`` profile's cases (``tests/test_compile_keys.py``: every launch through the table is given the
+key Triton's binder computes for it).
+
+How a compiled kernel is launched (``_launch``). Its runner, ``compiled[grid](*args, stream=)``, is
+Python that builds the launch metadata for Triton's launch hooks (a ``LazyDict``) and calls the C
+launcher ``compiled.run(*grid, stream, compiled.function, compiled.packed_metadata, metadata,
+enter_hook, exit_hook, *args)``, which calls the hooks. While no launch hook is registered (Triton's
+``knobs.runtime.launch_enter_hook`` and ``launch_exit_hook`` are ``HookChain`` objects with no calls; a
+profiler such as Proton adds one) the launcher calls ``compiled.run`` itself with no metadata and no
+hooks: with nothing in the hooks that is the same launch (Triton 3.6 through 3.9: the same method,
+the same arguments, read in each release's source). With a hook registered, or on a Triton whose
+compiled kernel or hooks differ, it calls the runner, so a hook sees every launch.
 
 A launch is described by its layout's ``Plan`` (grid, sizes and strides, constexprs, ``ALIGNED``,
 computed once per layout: ``config.planned``). A plan kept in a validation slot is the plan of one
 set of addresses, sizes, strides and dtypes (the slot's key holds them all), so once it has launched
-through the table it keeps the launch itself (``Plan.again``): the device, the compiled kernel's
-runner for the plan's grid, its launcher and handles, and the arguments with every pointer given as
-its address. A later call of that layout on the same current device launches those arguments,
-building nothing: no fp8 view, no key, no ``compiled[grid]`` closure, and Triton's C launcher takes
-each address as it is, where for a tensor it calls ``data_ptr()`` and the driver's
-``cuPointerGetAttribute`` (Triton 3.6 through 3.9 accept an ``int`` for a pointer argument). While
-no launch hook is registered (Triton's ``knobs.runtime.launch_enter_hook`` and ``launch_exit_hook``,
-``HookChain`` objects with no calls: a profiler such as Proton adds one) it calls the compiled
-kernel's launcher itself, ``compiled.run(*grid, stream, compiled.function,
-compiled.packed_metadata, None, None, None, *arguments)``: what the runner calls, less the hooks and
-their launch metadata (a ``LazyDict`` the runner builds per launch); with nothing in the hooks the
-launch is the same (Triton 3.6 through 3.9: the same method, the same arguments). With a hook
-registered the kept launch calls the runner, so the hook sees every launch. Another current device
-takes the table path (Triton's kernels are per device).
+through the table it keeps the launch itself (``Plan.again``): the device, the compiled kernel and
+its launcher, the grid, and the arguments with every pointer given as its address. A later call of
+that layout on the same current device launches those arguments, building nothing: no fp8 view, no
+key, and Triton's C launcher takes each address as it is, where for a tensor it calls ``data_ptr()``
+and the driver's ``cuPointerGetAttribute`` (Triton 3.6 through 3.9 accept an ``int`` for a pointer
+argument). Another current device takes the table path (Triton's kernels are per device).
 
 A key's first launch in a process holds a lock while Triton compiles or loads its kernel: a file
 lock in Triton's cache directory (``triton.knobs.cache.dir``, ``$TRITON_CACHE_DIR``), named by the
@@ -74,7 +74,7 @@ from mla_fuse.kernels import INTERPRETED
 try:
     from triton import knobs as _knobs
     from triton.knobs import HookChain
-except ImportError:  # a Triton without launch hook chains: every kept launch calls the runner
+except ImportError:  # a Triton without launch hook chains: every launch calls the runner
     _knobs = HookChain = None
 
 
@@ -163,19 +163,15 @@ class Launcher:
                 raise TypeError(f"{kernel.fn.__name__}: arguments {sorted(kept)} are specialised by Triton; "
                                 f"Launcher needs jit(do_not_specialize=EVERY_ARGUMENT, "
                                 f"do_not_specialize_on_alignment=EVERY_ARGUMENT)")
-        #: key -> (compiled kernel, constexpr values in signature order)
+        #: key -> (compiled kernel, constexpr values in signature order, its launcher and handles or None)
         self.compiled: dict[tuple, tuple] = {}
 
     def __call__(self, plan: Plan, *tensors) -> None:
         again = plan.again
         if again is not None:
-            device, run, grid, function, metadata, arguments, runner = again
+            device, compiled, direct, grid, arguments = again
             if current_device() == device:
-                stream = current_stream(device)
-                if run is not None and _no_launch_hooks():
-                    run(*grid, stream, function, metadata, None, None, None, *arguments)
-                else:
-                    runner(*arguments, stream=stream)
+                _launch(compiled, direct, grid, current_stream(device), arguments)
                 return
         args = plan.arguments(tensors)
         grid, constexprs, aligned = plan.grid, plan.constexprs, plan.aligned
@@ -190,21 +186,13 @@ class Launcher:
             found = self._first(key, grid, args, dict(constexprs, ALIGNED=aligned))
             if found is None:
                 return
-        compiled, constants = found
+        compiled, constants, direct = found
         grid = _grid3(grid)
-        runner = compiled[grid]
         if not first:
-            runner(*args, *constants, stream=current_stream(device))
+            _launch(compiled, direct, grid, current_stream(device), (*args, *constants))
         if plan.kept:
             addresses = [a.data_ptr() if pointer else a for pointer, a in zip(self.is_pointer, args)]
-            # the compiled kernel's launcher and what the runner passes it (None: none to call directly)
-            direct = (getattr(compiled, "run", None), getattr(compiled, "function", None),
-                      getattr(compiled, "packed_metadata", None))
-            if HookChain is None or any(part is None for part in direct):
-                direct = (None, None, None)
-            run, function, metadata = direct
-            plan.again = (device, run, grid, function, metadata,
-                          (*addresses, *args[len(self.is_pointer):], *constants), runner)
+            plan.again = (device, compiled, direct, grid, (*addresses, *args[len(self.is_pointer):], *constants))
 
     def _first(self, key: tuple, grid: tuple, args: tuple, constexprs: dict) -> tuple | None:
         """Triton's own launch; keeps the compiled kernel it returns for the key's later launches and
@@ -214,8 +202,22 @@ class Launcher:
             if hasattr(compiled, "result"):  # Triton's asynchronous compile mode returns a future
                 compiled = compiled.result()
         if compiled is not None:
-            self.compiled[key] = (compiled, tuple(constexprs[name] for name in self.constexpr_names))
+            # the compiled kernel's launcher and the handles its runner passes it (None: none to call directly)
+            direct = (getattr(compiled, "run", None), getattr(compiled, "function", None),
+                      getattr(compiled, "packed_metadata", None))
+            self.compiled[key] = (compiled, tuple(constexprs[name] for name in self.constexpr_names),
+                                  None if HookChain is None or any(part is None for part in direct) else direct)
         return self.compiled.get(key)
+
+
+def _launch(compiled, direct: tuple | None, grid: tuple, stream: int, arguments: tuple) -> None:
+    """Launch ``compiled`` on ``grid`` (three dimensions): its C launcher itself (``direct``: the launcher
+    and its handles) while no launch hook is registered, else its runner (module docstring)."""
+    if direct is not None and _no_launch_hooks():
+        run, function, metadata = direct
+        run(*grid, stream, function, metadata, None, None, None, *arguments)
+    else:
+        compiled[grid](*arguments, stream=stream)
 
 
 def _no_launch_hooks() -> bool:
