@@ -106,31 +106,37 @@ def _graph_rows(run: Run) -> dict | None:
             if r.get("graph_us")}
 
 
-def _fused_over_unfused(run: Run, wanted: float = 1.3):
+def _fused_rows(run: Run, which: str, tokens, value, spec: str, unit: str, wanted: float):
+    """Over the bench's graph-timed rows of the fused op whose T passes ``tokens`` (``which`` says so):
+    ``value(rows, (H, cache, T), row)`` of each (None: the row has no such figure); the lowest and
+    highest, the lowest row, and whether the lowest reaches ``wanted``."""
     rows = _graph_rows(run)
     if rows is None:
         return None
-    ratios = {(h, cache, t): rows[("unfused", h, cache, t)]["graph_us"] / fused["graph_us"]
-              for (impl, h, cache, t), fused in rows.items()
-              if impl == "fused" and t <= 256 and ("unfused", h, cache, t) in rows}
-    if not ratios:
-        return f"no graph rows for T <= 256 in {run.name}/bench/bench_mla.json", None
-    (h, cache, t), low = min(ratios.items(), key=lambda item: item[1])
-    return (f"{low:.2f}-{max(ratios.values()):.2f}x over {len(ratios)} rows; lowest H={h} {cache} T={t}",
+    values = {}
+    for (impl, *key), row in rows.items():
+        found = value(rows, tuple(key), row) if impl == "fused" and tokens(key[2]) else None
+        if found is not None:
+            values[tuple(key)] = found
+    if not values:
+        return f"no graph rows for {which} in {run.name}/bench/bench_mla.json", None
+    (h, cache, t), low = min(values.items(), key=lambda item: item[1])
+    return (f"{low:{spec}}-{max(values.values()):{spec}}{unit} over {len(values)} rows; lowest H={h} {cache} T={t}",
             low >= wanted)
 
 
-def _share_of_copy(run: Run, wanted: float = 0.85):
-    rows = _graph_rows(run)
-    if rows is None:
-        return None
-    shares = {(h, cache, t): r["copy_us"] / r["graph_us"] for (impl, h, cache, t), r in rows.items()
-              if impl == "fused" and t >= 16384 and r.get("copy_us")}
-    if not shares:
-        return f"no graph rows for T >= 16384 in {run.name}/bench/bench_mla.json", None
-    (h, cache, t), low = min(shares.items(), key=lambda item: item[1])
-    return (f"{low:.0%}-{max(shares.values()):.0%} over {len(shares)} rows; lowest H={h} {cache} T={t}",
-            low >= wanted)
+def _fused_over_unfused(run: Run):
+    def ratio(rows, key, fused):
+        unfused = rows.get(("unfused", *key))
+        return None if unfused is None else unfused["graph_us"] / fused["graph_us"]
+
+    return _fused_rows(run, "T <= 256", lambda t: t <= 256, ratio, ".2f", "x", 1.3)
+
+
+def _share_of_copy(run: Run):
+    return _fused_rows(run, "T >= 16384", lambda t: t >= 16384,
+                       lambda rows, key, fused: fused["copy_us"] / fused["graph_us"] if fused.get("copy_us") else None,
+                       ".0%", "", 0.85)
 
 
 def _cold_verify(run: Run, wanted_seconds: int = 480):
