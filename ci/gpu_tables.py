@@ -114,10 +114,10 @@ def _fused_rows(run: Run, which: str, tokens, value, spec: str, unit: str, wante
     if rows is None:
         return None
     values = {}
-    for (impl, *key), row in rows.items():
-        found = value(rows, tuple(key), row) if impl == "fused" and tokens(key[2]) else None
+    for (impl, h, cache, t), row in rows.items():
+        found = value(rows, (h, cache, t), row) if impl == "fused" and tokens(t) else None
         if found is not None:
-            values[tuple(key)] = found
+            values[h, cache, t] = found
     if not values:
         return f"no graph rows for {which} in {run.name}/bench/bench_mla.json", None
     (h, cache, t), low = min(values.items(), key=lambda item: item[1])
