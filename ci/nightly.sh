@@ -12,6 +12,10 @@
 #                               flaggems, liger: default all three), `mla-fuse verify --profile ci` of each on
 #                               its own under Triton's interpreter, reports in reports/adapters/<impl>/; exit
 #                               status 1 only when a verify could not run (a failing kernel is the finding)
+#   ci/nightly.sh main-job [SEED ...]  ci/main_job.sh: the README's main job from a fresh clone and install,
+#                               `mla-fuse verify` on $MAIN_JOB_RUNS (5) random seeds (or those given); every
+#                               seed must PASS on our implementation; reports/main-job/notes.md has an
+#                               issue-style note per failing seed; exit status 1 when one failed
 #   ci/nightly.sh tests         the tests marked nightly (`pytest --nightly`): second real end-to-end runs
 #                               of mechanisms a per-change test shows on fixtures and with one real run
 #                               (the README's "CI"), installed as .ci/run installs the test command's
@@ -26,6 +30,7 @@ case "${1:-}" in
     engine-torch) exec bash ci/version_leg.sh engine ;;
     floor-torch | newest-torch) exec bash ci/version_leg.sh "$1" ;;
     adapters) shift; exec bash ci/adapters_report.sh "$@" ;;
+    main-job) shift; exec bash ci/main_job.sh "$@" ;;
     tests)
         bash ci/install_redis.sh  # redis-server for tests/test_fuzz_redis.py
         python3 -m venv .venv && . .venv/bin/activate
@@ -43,6 +48,6 @@ case "${1:-}" in
         mkdir -p reports
         mla-fuse db export reports/fuzz-database.zip --db "$MLA_FUSE_HYPOTHESIS_DB" ;;
     *)
-        echo "usage: ci/nightly.sh campaign|export|engine-torch|floor-torch|newest-torch|adapters [IMPL ...]|tests" >&2
+        echo "usage: ci/nightly.sh campaign|export|engine-torch|floor-torch|newest-torch|adapters [IMPL ...]|main-job [SEED ...]|tests" >&2
         exit 2 ;;
 esac

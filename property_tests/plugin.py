@@ -9,8 +9,8 @@ guest, as hypothesis' own plugin is:
 * at import it loads the standard library, pytest and the option names of
   ``declarations.options`` only (no torch, hypothesis or Triton), and at registration its hook
   specifications (``hookspecs.py``, standard library only);
-* its options are all ``--mla-fuse-*`` (``--mla-fuse-impl``, ``--mla-fuse-require``), so a
-  project's own ``--impl`` keeps working;
+* its options are all ``--mla-fuse-*`` (``--mla-fuse-impl``, ``--mla-fuse-require``,
+  ``--mla-fuse-shrink-seconds``), so a project's own ``--impl`` keeps working;
 * it writes nothing to ``os.environ``, registers and loads no hypothesis profile and writes no
   file until the suite is in use: one of its test files is collected, one of its options (or
   ``$MLA_FUSE_IMPL``) is given, or a ``mla_fuse.*`` profile is named.
@@ -23,6 +23,9 @@ When the suite is in use it
   of ``declarations/third_party_warnings.py``;
 * registers the ``mla_fuse.*`` hypothesis profiles and, unless ``--hypothesis-profile`` names
   one, loads ``mla_fuse.ci`` under ``CI=true``, else ``mla_fuse.dev``;
+* with ``--mla-fuse-shrink-seconds=S`` (``mla-fuse verify`` gives it in the dev profile), stops
+  hypothesis' shrinking of a failing property after ``S`` seconds (``profiles.bound_shrinking``: hypothesis'
+  own stop for slow shrinking, sooner), and marks such a failure ``shrinking`` cut short;
 * in an xdist worker, gives torch its share of the CPU threads (``share_cpu_threads``) unless
   ``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS`` is set;
 * with ``$MLA_FUSE_REPORT_DIR`` set (``mla-fuse verify`` sets it), writes one JSON line per test
@@ -52,7 +55,7 @@ import pathlib
 import pytest
 
 from mla_fuse_conformance.declarations.options import (DEFAULT_IMPL, IMPL_ENV_VAR, PYTEST_IMPL_OPTION,
-                                                       PYTEST_REQUIRE_OPTION)
+                                                       PYTEST_REQUIRE_OPTION, PYTEST_SHRINK_OPTION)
 
 REPORT_DIR_ENV = "MLA_FUSE_REPORT_DIR"
 PROFILE_PREFIX = "mla_fuse."
@@ -96,6 +99,11 @@ def pytest_addoption(parser):
         help="operations the implementation must provide: a missing one fails instead of being skipped "
              "(adds to the adapter's own `required`)",
     )
+    group.addoption(
+        PYTEST_SHRINK_OPTION, dest="mla_fuse_shrink_seconds", default=None, type=float, metavar="SECONDS",
+        help="stop shrinking a failing property after this many seconds (hypothesis' own limit: 300); the "
+             "failure keeps the smallest case found by then, and says that shrinking was cut short",
+    )
 
 
 def suite_directory() -> pathlib.Path | None:
@@ -120,6 +128,11 @@ def start_suite(config) -> None:
         config.addinivalue_line("filterwarnings", line)
     profiles.register()
     profiles.select_default(explicit=config.getoption("hypothesis_profile", None) is not None)
+    if config.getoption("mla_fuse_shrink_seconds", None) is not None:
+        try:
+            profiles.bound_shrinking(config.getoption("mla_fuse_shrink_seconds"))
+        except ValueError as error:
+            raise pytest.UsageError(str(error)) from None
     current.recorder = recording.Recorder(track_inflight=True)
     share_cpu_threads(config)
 
@@ -159,7 +172,7 @@ def pytest_configure(config):
                                        "a property of the mla_fuse conformance suite and the operations it checks")
     profile = config.getoption("hypothesis_profile", None) or ""
     named = config.getoption("mla_fuse_impl") or config.getoption("mla_fuse_require") or os.environ.get(IMPL_ENV_VAR)
-    if profile.startswith(PROFILE_PREFIX) or named:
+    if profile.startswith(PROFILE_PREFIX) or named or config.getoption("mla_fuse_shrink_seconds") is not None:
         start_suite(config)
     if named:
         from mla_fuse_conformance.contract.implementation import ImplementationError
@@ -344,6 +357,7 @@ def pytest_runtest_makereport(item, call):
     from hypothesis import settings
 
     from mla_fuse_conformance.running import recording
+    from mla_fuse_conformance.settings import profiles
 
     recorder = state(item.config).recorder
     if recorder is None or recorder.stats is None:
@@ -359,6 +373,9 @@ def pytest_runtest_makereport(item, call):
         if call.excinfo is not None and call.excinfo.typename in ("FlakyFailure", "Flaky"):  # not a plain failure
             failure = dict(failure, kind=f"did not reproduce: {failure.get('kind')} once, passed when hypothesis "
                                          "ran it again")
+        if any(profiles.SLOW_SHRINK_STOP in text for _, text in report.sections):
+            failure = dict(failure, shrinking=f"cut short after {profiles.shrink_seconds():g} s: the case is the "
+                                              "smallest hypothesis had found by then")
         profile = settings.get_current_profile_name()
         failure_file = recording.save_failure(failure, item.nodeid, profile)
         report.sections.append(("mla_fuse: reproduce this failure",

@@ -209,3 +209,45 @@ def test_the_tests_marked_nightly_run_nightly_and_only_there():
     assert marked and all("vllms_own_report" in name for name in marked), marked
     per_change = collected()
     assert per_change and not set(marked) & set(per_change), per_change
+
+
+FAKE_VERIFY = """#!/usr/bin/env bash
+seed=${@: -1}; seed=${seed#--hypothesis-seed=}
+echo "$(printf "%q " "$@")| ${CI:-unset} | $MLA_FUSE_HYPOTHESIS_DB" >> "$CALLS"
+if [ "$seed" = 7 ]; then
+  printf 'failures:\\n  test_mla:test_x: wrong result on dtype float32\\n      replay: mla-fuse repro F.json\\n\\nverdict: FAIL\\n'
+  exit 1
+fi
+echo "verdict: PASS"
+"""
+
+
+def test_the_main_job_runs_the_readme_verify_once_per_seed_and_notes_each_failing_seed(tmp_path):
+    """``ci/nightly.sh main-job``: the README's `mla-fuse verify` from a clone, once per seed, each with a
+    database of its own and CI unset (a user's shell: the dev profile); a failing seed gets an issue-style
+    note with its command and failures, and the job fails."""
+    job = workflow()["jobs"]["main-job"]
+    assert [step["run"] for step in job["steps"] if "run" in step] == ["bash ci/nightly.sh main-job"]
+    assert 'main-job) shift; exec bash ci/main_job.sh "$@" ;;' in SCRIPT.read_text()
+    fake = tmp_path / "bin" / "mla-fuse"
+    fake.parent.mkdir()
+    fake.write_text(FAKE_VERIFY)
+    fake.chmod(0o755)
+    calls = tmp_path / "calls"
+    env = {"PATH": f"{fake.parent}:{pathlib.Path(sys.executable).parent}:/usr/bin:/bin", "CALLS": str(calls),
+           "MLA_FUSE_INSTALLED": "1", "CI": "true", "HOME": str(tmp_path)}
+    clone = tmp_path / "repo"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    (clone / "ci" / "main_job.sh").write_text((ROOT / "ci" / "main_job.sh").read_text())  # the tree's own script
+    failed = subprocess.run(["bash", "ci/main_job.sh", "3", "7"], cwd=clone, env=env, capture_output=True, text=True)
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    lines = calls.read_text().splitlines()
+    assert [line.split("|")[0].split()[-1] for line in lines] == ["--hypothesis-seed=3", "--hypothesis-seed=7"]
+    assert all(line.split("|")[1].strip() == "unset" for line in lines)  # CI unset: the dev profile
+    assert len({line.split("|")[2] for line in lines}) == 2  # a database per seed
+    notes = (clone / "reports" / "main-job" / "notes.md").read_text()
+    assert "with seed 7" in notes and "with seed 3" not in notes
+    assert "--hypothesis-seed=7" in notes and "replay: mla-fuse repro F.json" in notes
+    calls.unlink()
+    passed = subprocess.run(["bash", "ci/main_job.sh", "3"], cwd=clone, env=env, capture_output=True, text=True)
+    assert passed.returncode == 0 and "every seed passed: 3" in passed.stdout, passed.stdout + passed.stderr

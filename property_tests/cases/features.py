@@ -85,6 +85,9 @@ AXES: tuple[Axis, ...] = (
     Axis("cache alignment", ALIGNMENTS, alignment_axes.cache_alignment_of, alignment_axes.set_cache_alignment),
 )
 AXIS = {axis.name: axis for axis in AXES}
+# Axes of the other kinds of case, by case type, filled where that kind is declared (the compile-pass
+# ``CompileCase``: ``compile_passes/axes.py``, which also adds them to ``AXIS``; no name shared with ``AXES``).
+OTHER_AXES: dict[type, tuple[Axis, ...]] = {}
 
 
 def axes_for(rotates: bool) -> tuple[Axis, ...]:
@@ -92,14 +95,19 @@ def axes_for(rotates: bool) -> tuple[Axis, ...]:
     return tuple(axis for axis in AXES if rotates or not axis.rope_only)
 
 
+def axes_of(case, rotates: bool = True) -> tuple[Axis, ...]:
+    """The axes ``case``'s kind has: ``axes_for(rotates)`` for a kernel case, its registered ones else."""
+    if isinstance(case, (RopeCase, MlaCase, FlashCase)):
+        return axes_for(rotates)
+    return OTHER_AXES.get(type(case), ())
+
+
 def features(case, rotates: bool = True) -> dict[str, str]:
     """``{axis name: value}`` for every axis that applies to ``case`` under an operation that
-    rotates (``rotates``) or only writes the cache. A case of another kind (a compile-pass
-    ``CompileCase``) is on none of these axes: ``{}``."""
-    if not isinstance(case, (RopeCase, MlaCase, FlashCase)):
-        return {}
+    rotates (``rotates``) or only writes the cache; a case of another kind (a compile-pass
+    ``CompileCase``) on the axes declared for it in ``OTHER_AXES``, else ``{}``."""
     found = {}
-    for axis in axes_for(rotates):
+    for axis in axes_of(case, rotates):
         value = axis.of(case)
         if value is not None:
             found[axis.name] = value
@@ -107,6 +115,7 @@ def features(case, rotates: bool = True) -> dict[str, str]:
 
 
 def describe(cell: dict[str, str]) -> str:
-    """``query rank 3, heads >1`` (in the order of ``AXES``)."""
-    order = {axis.name: index for index, axis in enumerate(AXES)}
-    return ", ".join(f"{name} {cell[name]}" for name in sorted(cell, key=order.__getitem__)) or "(any case)"
+    """``query rank 3, heads >1`` (in the order of ``AXIS``)."""
+    order = {name: index for index, name in enumerate(AXIS)}
+    return ", ".join(f"{name} {cell[name]}" for name in sorted(cell, key=lambda name: order.get(name, len(order)))
+                     ) or "(any case)"

@@ -25,12 +25,25 @@ import dataclasses
 import itertools
 import math
 import re
+from typing import Protocol
 
 from mla_fuse_conformance.cases.types import FlashCase, MlaCase, Placement, RopeCase
 from mla_fuse_conformance.cases.value_relations import value_relations
 from mla_fuse_conformance.declarations.layout_types import KV_FORMS
 
 _ELEMENT = re.compile(r"^(.*)\[(\d+)\]$")
+
+
+class OtherFields(Protocol):
+    """The fields of another kind of case (the compile-pass ``CompileCase``: ``compile_passes/axes.py``),
+    registered in ``OTHER_KINDS``: ``leaves``, ``alternatives`` and ``vary`` as below for that kind."""
+
+    def leaves(self, case) -> dict[str, object]: ...
+    def alternatives(self, case, path: str) -> tuple: ...
+    def vary(self, case, path: str, value): ...
+
+
+OTHER_KINDS: dict[type, OtherFields] = {}
 
 # fields no operation reads, or that only pick data (the seed is varied by the map on its own)
 SKIPPED = {"seed", "check_values", "slots.pad_fraction", "values.log2_spread", "value_values.log2_spread",
@@ -124,6 +137,8 @@ def _placement_leaves(name: str, place: Placement, rank: int, with_order: bool) 
 
 def leaves(case, rotates: bool = True) -> dict[str, object]:
     """``{path: value}`` of the fields of ``case`` worth varying (module docstring)."""
+    if type(case) in OTHER_KINDS:
+        return OTHER_KINDS[type(case)].leaves(case)
     ranks = placement_ranks(case)
     out: dict[str, object] = {}
     for field in dataclasses.fields(case):
@@ -161,6 +176,8 @@ def _around(value: int, low: int = 1) -> tuple[int, ...]:
 
 def alternatives(case, path: str) -> tuple:
     """Values of field ``path`` to try other than its own (module docstring)."""
+    if type(case) in OTHER_KINDS:
+        return OTHER_KINDS[type(case)].alternatives(case, path)
     current = leaves(case).get(path)
     if path in STRINGS:
         values = STRINGS[path]
@@ -273,6 +290,8 @@ def valid(case) -> bool:
 
 def vary(case, path: str, value):
     """``case`` with field ``path`` set to ``value`` (and what must follow it), or None."""
+    if type(case) in OTHER_KINDS:
+        return OTHER_KINDS[type(case)].vary(case, path, value)
     try:
         moved = _fix(_set_path(case, path, value), case, path)
     except (TypeError, ValueError, IndexError, AttributeError):

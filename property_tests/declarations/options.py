@@ -10,6 +10,8 @@ from __future__ import annotations
 # pytest --pyargs mla_fuse_conformance --mla-fuse-impl=SPEC --mla-fuse-require=OP[,OP]
 PYTEST_IMPL_OPTION = "--mla-fuse-impl"
 PYTEST_REQUIRE_OPTION = "--mla-fuse-require"
+# --mla-fuse-shrink-seconds=S: hypothesis stops shrinking a failing property after S seconds
+PYTEST_SHRINK_OPTION = "--mla-fuse-shrink-seconds"
 # mla-fuse verify --impl SPEC --require OP[,OP] (and the other commands' --impl)
 CLI_IMPL_OPTION = "--impl"
 CLI_REQUIRE_OPTION = "--require"

@@ -48,6 +48,7 @@ from hypothesis import given, settings
 
 from mla_fuse_conformance.settings import profiles
 from mla_fuse_conformance.cases.engine_caches import CacheLayout  # noqa: F401  (names for replaying a printed case)
+from mla_fuse_conformance.compile_passes import axes  # noqa: F401  (the conformance map's fields and axes of a CompileCase)
 from mla_fuse_conformance.compile_passes.cases import CompileCase, FusionSettings, compile_cases
 from mla_fuse_conformance.compile_passes.checks import (
     check_planted, plant_pass_mutant, planted_pass_mutant,
@@ -90,6 +91,13 @@ EXPLICIT = [
     CompileCase(ModelSpec(("mla", "mha"), ("plain", "plain"), rope="deepseek_native", is_neox=True),
                 CacheLayout("chunked", "flash", hnd=True), "fp8", fp8_storage="float8", tokens=4, second_tokens=6,
                 padded=(1,), backend="inductor"),
+    # float32 on Inductor: its C++ sum for the MLA layer's RMSNorm adds in another order than ATen's, so the
+    # compiled step differs from eager with or without the passes; judged against Inductor at O0 (issue 47's case)
+    CompileCase(ModelSpec(("mha", "mla"), ("unsupported_rope", "plain"), hidden=8, dtype="float32",
+                          shared_rope=True, mla=MlaGeometry(heads=2, nope=8, rope_dim=8, latent=20, v_dim=8),
+                          mha=MhaGeometry(heads=1, kv_heads=1, head_size=8, rotary_dim=8), seed=519790),
+                kv_cache_dtype="auto", block_size=4, tokens=4, padded=(0, 2, 3), backend="inductor", dynamic=False,
+                seed=11905230),
     # ... and with static shapes, the native MLA rope and a pre-rotation reader beside a fused MHA layer
     CompileCase(ModelSpec(("mla", "mha", "mla"), ("plain", "plain", "pre_rotation_reader"), rope="native",
                           mha=MhaGeometry(heads=3, kv_heads=1, head_size=12, rotary_dim=8)),

@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 
 from hypothesis import HealthCheck, Phase, settings
+from hypothesis.internal.conjecture import engine
 
 from mla_fuse_conformance.settings import database as example_database
 
@@ -65,6 +66,25 @@ def register() -> None:
     settings.register_profile(PREFIX + "gpu", max_examples=200, database=database, **_common())
     settings.register_profile(PREFIX + "nightly", max_examples=2000, database=database, **_common())
     settings.register_profile(PREFIX + "replay", database=database, phases=REPLAY_PHASES, **_common())
+
+
+# What hypothesis reports when it stops shrinking at its time limit (``engine.MAX_SHRINKING_SECONDS``)
+SLOW_SHRINK_STOP = "stopped because it is making very slow progress"
+
+
+def bound_shrinking(seconds: float) -> None:
+    """Stop shrinking a failing test after ``seconds`` (in this process, for every test it runs after).
+    Hypothesis has no setting for it: this sets the module constant of its own stop for slow shrinking
+    (300 s; hypothesis 6.x's ``internal.conjecture.engine.MAX_SHRINKING_SECONDS``, read each time a
+    test starts shrinking), which then reports ``SLOW_SHRINK_STOP``. The case hypothesis prints is the
+    smallest failing case found by then; its replay reruns it."""
+    if seconds <= 0:
+        raise ValueError(f"--mla-fuse-shrink-seconds must be > 0, got {seconds:g}")
+    engine.MAX_SHRINKING_SECONDS = seconds
+
+
+def shrink_seconds() -> float:
+    return engine.MAX_SHRINKING_SECONDS
 
 
 def default_profile() -> str:

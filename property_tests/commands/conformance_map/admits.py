@@ -11,7 +11,7 @@ reads the condition, it measures nothing.
 
 from __future__ import annotations
 
-from mla_fuse_conformance.cases.features import axes_for, features
+from mla_fuse_conformance.cases.features import axes_of, features
 from mla_fuse_conformance.commands.conformance_map.diagnosis import _base, inside, relations_of
 
 
@@ -22,7 +22,7 @@ def admitted(prop, impl, case, condition: list[list] | None, needed: dict[str, s
     base = _base(case)
     own = features(base, prop.rotates)
     found: dict[str, list[str]] = {}
-    for axis in axes_for(prop.rotates):
+    for axis in axes_of(base, prop.rotates):
         if axis.name not in own:
             continue
         values = []

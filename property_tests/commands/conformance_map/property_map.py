@@ -29,7 +29,7 @@ from mla_fuse_conformance.settings import profiles
 from mla_fuse_conformance.running import failure_text, recording
 from mla_fuse_conformance.cases import types as case_types
 from mla_fuse_conformance.running.executor import ChildNotProvided, OutOfTime
-from mla_fuse_conformance.cases.features import AXIS, axes_for, describe, features
+from mla_fuse_conformance.cases.features import AXIS, axes_of, describe, features
 from mla_fuse_conformance.commands.conformance_map import diagnosis as diagnosing
 from mla_fuse_conformance.commands.conformance_map.diagnosis import _base
 from mla_fuse_conformance.commands.conformance_map import known_cells
@@ -185,7 +185,7 @@ def failing_cell(prop, impl, run_example: Callable, case) -> dict[str, str]:
     base = _base(case)
     found = features(base, prop.rotates)
     cell = {}
-    for axis in axes_for(prop.rotates):
+    for axis in axes_of(base, prop.rotates):
         value = found.get(axis.name)
         if value is None:
             continue
@@ -292,7 +292,7 @@ def map_property(prop, impl, device, run_example: Callable, max_examples: int, r
             note = _known_failures(prop, impl, device, run_example, strategy, outside, cells, examples)
     except OutOfTime:  # verify's --map-seconds spent during a round: the cells complete so far are kept
         stopped, complete = "budget", False
-    order = {axis.name: index for index, axis in enumerate(axes_for(prop.rotates))}
+    order = {name: index for index, name in enumerate(AXIS)}
     ordered = {axis: dict(sorted(counts.items(), key=lambda item: AXIS[axis].values.index(item[0])))
                for axis, counts in sorted(passing.items(), key=lambda item: order.get(item[0], 99))}
     return PropertyMap(prop.name, prop.operations, [*carried, *cells], ordered, examples, complete,

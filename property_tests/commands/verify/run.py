@@ -58,6 +58,10 @@ from mla_fuse_conformance.declarations.property_modules import COMPILE_PASS_MODU
 from mla_fuse_conformance.running.recording import OUTCOMES_FILE
 
 SUITE_PACKAGE = "mla_fuse_conformance"
+# The dev profile (a local verdict in minutes) bounds hypothesis' shrinking of each failing property to this
+# many seconds (``--mla-fuse-shrink-seconds``; hypothesis' own bound is 300): a compile-pass example costs
+# seconds, and one failing case shrank for five minutes. The case found by then is reported and replayed.
+DEV_SHRINK_SECONDS = 60
 # rows of the tests that check no single operation's examples, by test module
 OTHER_ROWS = {"test_compile_passes": "compile passes (Inductor)", "test_large_addresses": "addresses past 2^31"}
 TABLE_KEY = (
@@ -217,6 +221,7 @@ def pytest_command(spec: str, profile: str, report_dir: pathlib.Path, workers: s
     return [sys.executable, "-m", "pytest", "--pyargs", SUITE_PACKAGE, f"--mla-fuse-impl={spec}",
             *([f"--mla-fuse-require={','.join(require)}"] if require else []),
             f"--hypothesis-profile={profiles.full_name(profile)}", f"--junitxml={report_dir.absolute() / 'junit.xml'}",
+            *([f"--mla-fuse-shrink-seconds={DEV_SHRINK_SECONDS:g}"] if profile == "dev" else []),
             "-p", "no:cacheprovider", *([] if sys.stdout.isatty() else ["-p", progress.PLUGIN]), "-n", workers,
             "--tb=line", *ignored_modules(spec), *extra]  # one line per failure: the report below has each
     # failure's case, features and replay command (hypothesis' printed examples ran to thousands of lines;
@@ -349,7 +354,8 @@ def print_report(impl, profile, elapsed, summaries, outcomes, maps, limits, fail
         print("\nfailures:")
         for failure in failures:
             print(f"  {failure['property']}: {failure['kind']} on {describe(failure.get('features', {}))}\n"
-                  f"      replay: {recording.replay_command(pathlib.Path(failure['file']))}")
+                  + (f"      shrinking {failure['shrinking']}\n" if failure.get("shrinking") else "")
+                  + f"      replay: {recording.replay_command(pathlib.Path(failure['file']))}")
         for line in others:
             errors = [text[1:].strip() for text in (line.get("message") or "").splitlines() if text.startswith("E ")]
             print(f"  {line['nodeid']}: failed" + (f": {errors[0][:300]}" if errors else ""))
