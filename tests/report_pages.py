@@ -59,7 +59,7 @@ REPORT = {
               cell(3, "positions contiguous: no <i>", None, {"dtype": "bfloat16"})],
     "failures": [{"property": "test_rope:test_rotary_embedding_matches_reference", "kind": "wrong result",
                   "features": {"query rank": "3"}, "replay": {"command": "mla-fuse repro /r/failures/f1.json"}}],
-    "limits": [{"operation": "rotary_embedding", "axis": "table dtype", "value": "float32", "outcome": "confirmed",
+    "limits": [{"operation": "rotary_embedding", "axis": "table dtype", "value": "float32", "outcome": "refused",
                 "detail": "raised RuntimeError", "examples": 2}],
     "maps": [],
     "baseline": None,

@@ -72,6 +72,23 @@ class RejectsInt32(DeclaresInt64Only):
         if positions.dtype != __import__("torch").int64:
             raise RuntimeError("expected scalar type Long")
         super().rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
+
+
+class IgnoresInt32(DeclaresInt64Only):
+    """Declares int64 positions only, and reads int32 ones as the next row, raising nothing (a silent wrong result)."""
+    def rotary_embedding(self, positions, query, key, head_size, cos_sin_cache, is_neox):
+        if positions.dtype != __import__("torch").int64:
+            positions = (positions.long() + 1) % cos_sin_cache.size(0)
+        super().rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
+
+
+class WritesThenRejectsInt32(DeclaresInt64Only):
+    """Declares int64 positions only; on int32 ones it zeroes the query, then raises."""
+    def rotary_embedding(self, positions, query, key, head_size, cos_sin_cache, is_neox):
+        if positions.dtype != __import__("torch").int64:
+            query.zero_()
+            raise RuntimeError("expected scalar type Long")
+        super().rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
 '''
 
 
@@ -205,15 +222,25 @@ def test_the_callers_check_stops_a_running_example_within_a_second_and_before_th
         assert executor.process is None  # not started
 
 
-@pytest.mark.parametrize("spec, outcome", [("adapters_here:DeclaresInt64Only", "handled"),
-                                           ("adapters_here:RejectsInt32", "confirmed")])
-def test_a_declared_limit_is_checked_with_cases_just_outside_it(user_dir, spec, outcome):
+@pytest.mark.parametrize("spec, outcome, detail", [
+    ("adapters_here:DeclaresInt64Only", "handled", "examples that reached it passed"),
+    ("adapters_here:RejectsInt32", "refused", "RuntimeError: expected scalar type Long"),
+    ("adapters_here:IgnoresInt32", "unguarded: wrong result", "wrong result"),
+    ("adapters_here:WritesThenRejectsInt32", "unguarded: stray write", "rotary_embedding wrote, then raised RuntimeError"),
+])
+def test_a_declared_limit_is_checked_for_refusal_with_cases_just_outside_it(user_dir, spec, outcome, detail):
+    """Outside a declared limit an implementation refuses (raises before writing) or it does not: a silent
+    wrong result, or a write before the exception, is unguarded (a finding with its replay), never a limit
+    confirmed."""
     impl = load_implementation(spec)
     prop = property_named(ROPE_PROPERTY)
     with Executor(impl.spec, "cpu") as executor:
         check = check_limit(prop, impl, lambda case: executor.run(prop.name, case, False), "rotary_embedding",
                             "positions dtype", "int32")
-    assert check.outcome == outcome, check
+    assert check.outcome == outcome and detail in check.detail, check
+    assert (check.file is not None) == check.unguarded
+    if check.unguarded:
+        assert repro.replay(repro.load(check.file)) == repro.REPRODUCED
 
 
 def test_repro_says_reproduced_passed_or_could_not_run(user_dir, tmp_path):
@@ -382,3 +409,18 @@ def test_a_limit_is_handled_only_by_cases_that_reach_it():
     writes = check_limit(Prop([padded, written]), Impl(), lambda case: None, "concat_and_cache_mla", "fp8 storage",
                          "float8")
     assert writes.outcome == "handled" and writes.examples >= 1, writes
+
+
+def test_an_unguarded_declared_limit_fails_the_verdict_whose_properties_pass(user_dir):
+    """The properties draw inside the declarations and pass; the limit check finds that int32 positions, declared
+    unsupported, give a silent wrong result: the verdict fails, with the limit's id in ``failing``."""
+    env = dict(os.environ, PYTHONPATH=str(user_dir))
+    env.pop("CI", None)
+    done = subprocess.run([sys.executable, "-m", "mla_fuse_conformance", "verify", "--impl", "adapters_here:IgnoresInt32",
+                           "-n", "1", "--map-rounds", "1", "--", "-k", "test_rotary_embedding_matches_reference"],
+                          cwd=user_dir, env=env, capture_output=True, text=True, timeout=900)
+    report = json.loads((user_dir / ".mla_fuse_reports" / "report.json").read_text())
+    assert report["operations"]["rotary_embedding"]["verdict"] == "pass", done.stdout[-3000:]
+    assert done.returncode == 1 and report["verdict"] == "FAIL", done.stdout[-3000:]
+    assert "limit | rotary_embedding: positions dtype int32 | unguarded: wrong result" in report["failing"]
+    assert "positions dtype int32: unguarded: wrong result" in done.stdout and "replay: " in done.stdout

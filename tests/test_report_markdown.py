@@ -87,3 +87,16 @@ def test_the_report_command_says_in_one_line_what_is_wrong_with_dir(tmp_path, ca
     error = capsys.readouterr().err
     assert error.startswith(f"mla-fuse report: DIR: {tmp_path} holds a report that cannot be read") and \
         error.count("\n") == 1
+
+
+def test_an_unguarded_declared_limit_is_listed_with_its_replay_and_a_refused_one_is_not(tmp_path):
+    limits = [{"operation": "concat_and_cache_mla", "axis": "kv_cache_dtype", "value": "fp8", "examples": 1,
+               "outcome": "unguarded: wrong result", "detail": "wrong result: kv_cache: 12 entries differ",
+               "file": "/r/failures/limit.json"},
+              {"operation": "rotary_embedding", "axis": "table dtype", "value": "float32", "outcome": "refused",
+               "detail": "RuntimeError: expected Float", "examples": 2, "file": None}]
+    text = summary(tmp_path, report(limits=limits))
+    section = text.split("### Unguarded declared limits (1)", 1)[1]
+    assert "kv_cache_dtype fp8" in section and "unguarded: wrong result" in section
+    assert "repro /r/failures/limit.json" in section and "table dtype" not in section
+    assert "Unguarded declared limits" not in summary(tmp_path, report(limits=limits[1:]))

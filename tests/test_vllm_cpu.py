@@ -84,8 +84,9 @@ def test_vllm_as_vllm_loads_it_here_is_mapped(tmp_path):
     assert rope["passing"]["query rank"]["2"] > 0
     for cell in rope["cells"]:
         assert os.path.exists(cell["file"])
-    confirmed = {(c["axis"], c["value"]) for c in report["limits"] if c["outcome"] == "confirmed"}
-    assert {("table dtype", "float32"), ("positions dtype", "int32")} <= confirmed
+    needed = {(c["axis"], c["value"]) for c in report["limits"]
+              if c["outcome"] == "refused" or c["outcome"].startswith("unguarded")}  # not handled: the limits are real
+    assert {("table dtype", "float32"), ("positions dtype", "int32")} <= needed
     if _has_avx512_bf16():  # vLLM loads the _C build here (_C_AVX512, without BF16, needs no alignment)
         _assert_a_random_case_crashes_on_a_misaligned_half(report)
 

@@ -42,8 +42,24 @@ def _count_padding(run, case) -> None:
         stats.padded_slot_cases += 1
 
 
+class Refused(Exception):
+    """Outside a declared limit (a limit check: ``PropertyRun.within_limits`` false), the implementation
+    raised before writing anything: every byte of every buffer unchanged. The message is the exception's
+    type and first line."""
+
+
+def _refusal(built, operation: str, error: Exception, before: dict) -> Refused:
+    """``Refused`` when ``error`` left every buffer as it was; an AssertionError naming what was written else."""
+    comparisons.assert_buffers_equal(
+        built.buffers, {n: b.flat for n, b in built.buffers.items()}, before,
+        f"{operation} wrote, then raised {type(error).__name__} outside a declared limit")
+    lines = str(error).strip().splitlines()
+    return Refused(f"{type(error).__name__}: {lines[0][:200]}" if lines else type(error).__name__)
+
+
 def against_reference(run, case, operation: str) -> comparisons.Outcome:
-    """Run ``operation`` once; the whole memory image must match the reference under §5."""
+    """Run ``operation`` once; the whole memory image must match the reference under §5. Outside the
+    declared limits (a limit check), an exception that changed no byte is a refusal (``Refused``)."""
     impl, device = run.impl, run.device
     built = builder.build(case, device)
     expectation = oracle.expect(operation, built, impl)
@@ -53,7 +69,13 @@ def against_reference(run, case, operation: str) -> comparisons.Outcome:
         event("fp8 saturation")
         run.recorder.stats.saturation_cases += 1
     _count_padding(run, case)
-    call(impl, operation, built.args, getattr(case, "check_values", False))
+    before = None if run.within_limits else built.snapshot()
+    try:
+        call(impl, operation, built.args, getattr(case, "check_values", False))
+    except Exception as error:  # noqa: BLE001 - outside a declared limit: refused, or it wrote first
+        if before is None:
+            raise
+        raise _refusal(built, operation, error, before) from error
     outcome = comparisons.compare(built.buffers, {n: b.flat for n, b in built.buffers.items()}, expectation)
     run.recorder.observe(outcome)  # failing examples count too
     target(outcome.worst_rope_bound_fraction, "worst rotated-value error / bound")

@@ -100,6 +100,11 @@ def failing_ids(cells: list[dict], outcomes: list[dict], unmapped: tuple[dict, .
     return list(dict.fromkeys(found))
 
 
+def limit_id(check: dict) -> str:
+    """``limit | concat_and_cache_mla: kv_cache_dtype fp8 | unguarded: wrong result``: an unguarded declared limit."""
+    return f"limit | {check['operation']}: {check['axis']} {check['value']} | {check['outcome']}"
+
+
 def read_report(path: pathlib.Path) -> dict:
     """An earlier report.json (schema 2 or 1), or a ``BaselineError`` naming the option."""
     shown = f"{BASELINE_OPTION} {path}"
@@ -177,6 +182,7 @@ def judge(report: dict, outcomes: list[dict], known: Known | None) -> int:
     not_mapped = set((report["run"].get("map") or {}).get("not_mapped") or ())
     failing = failing_ids(report["cells"], outcomes,
                           [cell for cell in (known.cells if known else ()) if cell.get("property") in not_mapped])
+    failing += [limit_id(check) for check in report.get("limits") or () if check["outcome"].startswith("unguarded")]
     report["failing"] = failing
     exit_code = report["run"]["exit_code"]
     if known is None:

@@ -1,7 +1,17 @@
-"""The check that declared limits are real: a few examples just outside one declared limit (that
-axis pinned to a value the implementation says it does not support, everything else inside). A
-failure confirms the limit; passes are noted ("declared unsupported, but handled") only from cases
-that reached the limited path (``reaches``), else "not reached"."""
+"""The check of a declared limit (a claim the run checks, not a place to put a defect): a few examples just
+outside one declared limit (that axis pinned to a value the implementation says it does not support,
+everything else inside). Outside its limits an implementation either refuses (an exception before
+anything is written: every byte of every buffer unchanged, ``running.checks.Refused``) or it does not.
+Each limit's outcome:
+
+* ``unguarded: wrong result | stray write | crash | hang``: a case outside the limit ran and did harm
+  (the first such case kept as a failure file, with its replay): a finding, which fails the verdict
+  (docs/REPORT.md, "limits"); ``stray write``: the call wrote, then raised;
+* ``refused``: every case that reached it raised before writing (the first exception's type and line);
+* ``handled``: such cases pass (the limit could be widened), counted only from cases that wrote an entry
+  or rotated a row (``reaches``);
+* ``not reached``: no case with that value could be drawn, or none of those drawn did that work.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +19,12 @@ import dataclasses
 from typing import Callable
 
 from mla_fuse_conformance.cases import tensors
-from mla_fuse_conformance.commands.conformance_map.diagnosis import _base
+from mla_fuse_conformance.commands.conformance_map.diagnosis import FAILURES, _base
 from mla_fuse_conformance.commands.conformance_map.property_map import search
 from mla_fuse_conformance.declarations.operations import CACHING_OPERATIONS
 from mla_fuse_conformance.running import recording
+from mla_fuse_conformance.running.checks import Refused
+from mla_fuse_conformance.settings import profiles
 
 
 @dataclasses.dataclass
@@ -20,9 +32,36 @@ class LimitCheck:
     operation: str
     axis: str
     value: str
-    outcome: str  # "confirmed" (fails outside the limit) / "handled" (passes) / "not reached"
+    outcome: str  # "unguarded: <how>" / "refused" / "handled" / "not reached" (module docstring)
     detail: str
     examples: int
+    file: str | None = None  # an unguarded limit's failing case, saved for replay
+
+    @property
+    def unguarded(self) -> bool:
+        return self.outcome.startswith(UNGUARDED)
+
+
+UNGUARDED = "unguarded"
+
+
+def refusal(error: BaseException) -> str | None:
+    """The exception a refusal raised (``running.checks.Refused``, in this process or a child's), or None."""
+    if isinstance(error, Refused) or getattr(error, "original_type", None) == Refused.__name__:
+        return str(error)
+    return None
+
+
+def harm(error: BaseException) -> str:
+    """How a case outside a limit did harm: ``wrong result``, ``stray write`` (it wrote, then raised),
+    ``crash`` or ``hang``."""
+    kind = recording.failure_kind(error)
+    if kind.startswith("hung"):
+        return "hang"
+    if kind.startswith("crashed"):
+        return "crash"
+    lines = str(error).strip().splitlines()
+    return "stray write" if lines and " wrote, then raised " in lines[0] else "wrong result"
 
 
 def reaches(case, operation: str) -> bool:
@@ -39,23 +78,36 @@ def reaches(case, operation: str) -> bool:
 
 
 def check_limit(prop, impl, run_example: Callable, operation: str, axis: str, value: str,
-                max_examples: int = 5) -> LimitCheck:
-    """Run ``prop`` just outside one declared limit of ``operation`` (``axis`` pinned to ``value``).
-
-    "handled" only from passing cases that reached the limited path (``reaches``): a case that
-    writes no entry passes whatever the kernel does with an fp8 store it never makes."""
+                max_examples: int = 5, device: str = "cpu") -> LimitCheck:
+    """Run ``prop`` just outside one declared limit of ``operation`` (``axis`` pinned to ``value``): the
+    module docstring's outcomes. A refused case is noted and the search goes on (a kernel may refuse some
+    cases and corrupt others); the first case that does harm ends it."""
     strategy = prop.strategy_for(impl, capabilities=impl.caps(operation).only(axis, value))
-    reached = []
+    reached, refused = [], []
 
     def run_counted(case):
-        run_example(case)
+        try:
+            run_example(case)
+        except FAILURES as error:
+            if refusal(error) is None:
+                raise
+            refused.append(refusal(error))
+            return
         reached.append(reaches(case, operation))
 
     case, error, passed = search(prop, strategy, run_counted, [], max_examples, shrink=False)
+    examples = len(passed) + len(refused) + (case is not None)
     if case is not None:
+        how = harm(error)
+        failure = dict(recording.failure_record(prop, impl, device, case, error),
+                       limit=f"{operation}: {axis} {value}")
+        path = recording.save_failure(failure, f"limit:{prop.name}", profiles.full_name("ci"))
         message = str(error).strip().splitlines()
-        return LimitCheck(operation, axis, value, "confirmed", f"{recording.failure_kind(error)}"
-                          + (f": {message[-1][:200]}" if message else ""), len(passed) + 1)
+        return LimitCheck(operation, axis, value, f"{UNGUARDED}: {how}",
+                          f"{recording.failure_kind(error)}" + (f": {message[0][:200]}" if message else ""), examples,
+                          str(path))
+    if refused:
+        return LimitCheck(operation, axis, value, "refused", refused[0], examples)
     if not passed:
         return LimitCheck(operation, axis, value, "not reached", "no case with this value could be drawn", 0)
     if not any(reached):

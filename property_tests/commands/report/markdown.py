@@ -122,6 +122,20 @@ def failures(report: dict) -> list[str]:
         if found else []
 
 
+def unguarded_limits(report: dict) -> list[str]:
+    """Declared limits a case just outside ran past and did harm (docs/REPORT.md, ``limits``): findings."""
+    found = [check for check in report.get("limits") or [] if str(check.get("outcome")).startswith("unguarded")]
+    table = [[check.get("operation"), f"{check.get('axis')} {check.get('value')}", check.get("outcome"),
+              check.get("detail"), code(replay_command(check.get("file")))] for check in found]
+    return [f"### Unguarded declared limits ({len(found)})", "",
+            *rows(["operation", "declared limit", "outcome", "detail", "replay"], table, len(table)), ""] \
+        if found else []
+
+
+def replay_command(file: str | None) -> str | None:
+    return recording.replay_command(pathlib.Path(file)) if file else None
+
+
 def deployments(report: dict) -> list[str]:
     found = report.get("deployments")
     if not found:
@@ -147,8 +161,8 @@ def baseline(report: dict) -> list[str]:
 
 
 def render(report: dict) -> str:
-    lines = [*what_ran(report), *operations(report), *defects(report), *cells(report), *deployments(report),
-             *baseline(report)]
+    lines = [*what_ran(report), *operations(report), *defects(report), *cells(report), *unguarded_limits(report),
+             *deployments(report), *baseline(report)]
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -77,9 +77,11 @@ MAP_KEY = (
     "example one field apart; replay: the command that reruns the failing example; passes <axis>: <value>: <count>: "
     "passing examples with that feature value.")
 LIMITS_KEY = (
-    "key: confirmed: a case just outside the declared limit fails (the declaration is needed); handled: such cases "
-    "pass (the limit could be widened), counted only from cases that wrote an entry or rotated a row; not reached: "
-    "no case with that value could be drawn, or none of those drawn did that work.")
+    "key: refused: cases just outside the declared limit raised before writing anything (every byte unchanged); "
+    "unguarded: such a case ran and gave a wrong result, wrote then raised (stray write), crashed or hung: a finding "
+    "that fails the verdict, with its replay; handled: such cases pass (the limit could be widened), counted only "
+    "from cases that wrote an entry or rotated a row; not reached: no case with that value could be drawn, or none "
+    "of those drawn did that work.")
 
 
 @dataclasses.dataclass
@@ -298,6 +300,7 @@ def run_verify(impl_spec: str | None, profile: str, report_dir: pathlib.Path, wo
             phase.running = False
         except stopping.Stopped as stop:
             phase.stopped, phase.running = stop.name, False
+        failed = failed or any(check.unguarded for check in phase.limits)  # an unguarded limit is a finding
         report, views = publish(os.environ.get("GITHUB_STEP_SUMMARY") if handled.signal else None)
     elapsed = time.monotonic() - started
     print_report(impl, profile, elapsed, summaries, outcomes, phase.maps, phase.limits, failed)
@@ -366,10 +369,11 @@ def print_report(impl, profile, elapsed, summaries, outcomes, maps, limits, fail
         print(wrapped(MAP_KEY))
     if limits:
         print("\ndeclared limits, each checked with a few cases just outside it:")
-        by_outcome = collections.Counter(check.outcome for check in limits)
+        by_outcome = collections.Counter(check.outcome.partition(":")[0] for check in limits)
         for check in limits:
-            note = {"confirmed": "confirmed", "handled": "declared unsupported, but handled",
-                    "not reached": "not reached"}[check.outcome]
-            print(f"  {check.operation}: {check.axis} {check.value}: {note} ({check.detail})")
-        print(f"  ({by_outcome['confirmed']} confirmed, {by_outcome['handled']} handled though declared unsupported)")
+            note = {"handled": "declared unsupported, but handled"}.get(check.outcome, check.outcome)
+            print(f"  {check.operation}: {check.axis} {check.value}: {note} ({check.detail})"
+                  + (f"\n      replay: {recording.replay_command(pathlib.Path(check.file))}" if check.file else ""))
+        print(f"  ({by_outcome['unguarded']} unguarded, {by_outcome['refused']} refused, {by_outcome['handled']} "
+              "handled though declared unsupported)")
         print(wrapped(LIMITS_KEY))
