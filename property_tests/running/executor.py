@@ -4,7 +4,8 @@
 sent to it: the caller (hypothesis in the conformance map, ``mla-fuse repro``) never runs a
 kernel itself. A crash (segfault, abort, illegal instruction, a device error that kills the
 process) becomes a ``Crashed`` failure naming the signal, and so does a hang (no result within
-``recording.example_timeout()`` seconds: the child is killed). After any example that failed or
+``recording.example_timeout()`` seconds of the request or of the child's last progress, a program its
+interpreted kernels started: ``interpreter_watch.py``; the child is killed). After any example that failed or
 raised, the next one gets a new child: a kernel that wrote out of bounds may have corrupted its
 process (heap, OpenMP state), and a later example must not crash or hang for it. A crashing case
 is shrunk like any other failure.
@@ -26,7 +27,7 @@ import signal
 import time
 from typing import Callable
 
-from hypothesis import reject
+from hypothesis.errors import UnsatisfiedAssumption
 
 from mla_fuse_conformance.cases import types as case_types
 from mla_fuse_conformance.declarations.property_modules import KERNEL_PROPERTY_MODULES, qualified
@@ -109,8 +110,9 @@ class Executor:
     def _start(self) -> None:
         context = _context()
         self.connection, child_end = context.Pipe()
+        self.progress = context.Value("d", 0.0, lock=False)  # the child's last progress (interpreter_watch.py)
         self.process = context.Process(target=_serve, args=(child_end, self.impl_spec, self.device, self.require,
-                                                            os.getcwd()), daemon=True)
+                                                            os.getcwd(), self.progress), daemon=True)
         self.process.start()
         child_end.close()
 
@@ -160,12 +162,19 @@ class Executor:
         return self._ask({"operation": operation, "case": case_types.to_jsonable(case)},
                          recording.example_timeout() or None)["outputs"]
 
-    def _wait(self, seconds: float) -> bool:
-        """Whether the child's reply came within ``seconds`` (``inf``: no limit), ``check`` called every
-        ``CHECK_EVERY`` seconds meanwhile (what it raises goes through: the caller kills the child)."""
-        end = time.monotonic() + seconds
-        while not self.connection.poll(max(0.0, min(CHECK_EVERY, end - time.monotonic()))):
-            if time.monotonic() >= end:
+    def _wait(self, seconds: float, stall: float | None = None) -> bool:
+        """Whether the child's reply came within ``seconds`` (``inf``: no limit) and without ``stall`` seconds
+        with no progress (from the request or the child's last progress: a program its interpreted kernels
+        started), ``check`` called every ``CHECK_EVERY`` seconds meanwhile (what it raises goes through: the
+        caller kills the child)."""
+        started = time.monotonic()
+        end = started + seconds
+
+        def deadline() -> float:
+            return end if stall is None else min(end, max(started, self.progress.value) + stall)
+
+        while not self.connection.poll(max(0.0, min(CHECK_EVERY, deadline() - time.monotonic()))):
+            if time.monotonic() >= deadline():
                 return False
             if self.check is not None:
                 self.check()
@@ -177,8 +186,8 @@ class Executor:
             self._start()
         try:
             self.connection.send(request)
-            if not self._wait(min(t for t in (timeout, budget, float("inf")) if t is not None)):
-                if budget is not None and (timeout is None or budget < timeout):
+            if not self._wait(float("inf") if budget is None else budget, timeout):
+                if budget is not None and time.monotonic() - self.progress.value < (timeout or float("inf")):
                     self.kill()  # the caller's time, not the example's: no outcome
                     raise OutOfTime()
                 self.process.kill()
@@ -202,16 +211,15 @@ class Executor:
         if status == "raised":
             raise RaisedInChild(result["type"], result["message"])
         if status == "rejected":
-            reject()
+            raise UnsatisfiedAssumption(result.get("message") or "")  # (what hypothesis' reject() raises)
         raise ChildNotProvided(result["message"])
 
 
 # ---------------------------------------------------------------- the child
 
 
-def _serve(connection, impl_spec: str, device_name: str, require: tuple[str, ...], cwd: str) -> None:
+def _serve(connection, impl_spec: str, device_name: str, require: tuple[str, ...], cwd: str, progress) -> None:
     import torch
-    from hypothesis.errors import UnsatisfiedAssumption
 
     from mla_fuse_conformance.running.harness import NotProvided, property_named
     from mla_fuse_conformance.contract.implementation import load_implementation
@@ -220,6 +228,7 @@ def _serve(connection, impl_spec: str, device_name: str, require: tuple[str, ...
     os.chdir(cwd)
     impl = load_implementation(impl_spec, require)
     device = torch.device(device_name)
+    recorder = recording.Recorder(heartbeat=lambda: setattr(progress, "value", time.monotonic()))
     while (request := connection.recv()) is not None:
         # the property first: importing its module registers its case type (a CompileCase)
         prop = property_named(request["property"]) if "property" in request else None
@@ -228,12 +237,12 @@ def _serve(connection, impl_spec: str, device_name: str, require: tuple[str, ...
             if prop is None:  # mla-fuse compare: the memory after the call comes back
                 reply = {"status": "passed", "outputs": outputs.capture(impl, device, request["operation"], case)}
             else:
-                prop.run(impl, device, case, request["within_limits"])
+                prop.run(impl, device, case, request["within_limits"], recorder)
                 reply = {"status": "passed"}
         except AssertionError as error:
             reply = {"status": "failed", "message": str(error)}
-        except UnsatisfiedAssumption:
-            reply = {"status": "rejected"}
+        except UnsatisfiedAssumption as reason:  # outside the limits, or not judged (too slow to interpret)
+            reply = {"status": "rejected", "message": str(reason)}
         except NotProvided as reason:
             reply = {"status": "not provided", "message": str(reason)}
         except Exception as error:  # noqa: BLE001 - what the kernel raised is the finding

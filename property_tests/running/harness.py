@@ -29,6 +29,7 @@ from typing import Callable
 
 import pytest
 from hypothesis import assume, example
+from hypothesis.errors import UnsatisfiedAssumption
 
 from mla_fuse_conformance.cases import corruptions, strategies
 from mla_fuse_conformance.cases.features import features
@@ -37,6 +38,7 @@ from mla_fuse_conformance.declarations.operations import ROTATING_OPERATIONS
 from mla_fuse_conformance.declarations.property_modules import KERNEL_PROPERTY_MODULES, qualified
 from mla_fuse_conformance.running import checks
 from mla_fuse_conformance.running.events import event, note
+from mla_fuse_conformance.running.interpreter_watch import TooSlowUnderInterpreter
 from mla_fuse_conformance.running.recording import Recorder
 
 MARK = "mla_fuse"  # @pytest.mark.mla_fuse(*operations, bad_input=False)
@@ -175,6 +177,12 @@ class PropertyRun:
             stats.examples -= 1
             assume(False)
             raise
+        except TooSlowUnderInterpreter as slow:  # not judged: neither a pass nor a failure
+            stats.examples -= 1
+            stats.not_judged += 1
+            stats.not_judged_estimate = max(stats.not_judged_estimate, slow.estimated)
+            event("not judged: too slow under the interpreter")
+            raise UnsatisfiedAssumption(str(slow)) from None
         except Exception as error:
             stats.failed_examples += 1
             recorder.failed(prop, impl, self.device, case, error)

@@ -16,6 +16,8 @@ A hang is a death too: while an example runs, ``faulthandler`` is armed to dump 
 stack next to the in-flight file and end the process after ``example_timeout()`` seconds
 (``$MLA_FUSE_EXAMPLE_TIMEOUT``, default 120, 0: never), so a kernel that deadlocks (a corrupted
 OpenMP barrier, a spinning device kernel) becomes a "hung" failure of its case, not a stuck run.
+Under Triton's interpreter the timer restarts at each program a kernel starts, and an example whose
+launches are estimated past its budget is not judged (``interpreter_watch.py``).
 
 Metrics. Each property's ``PropertyStats`` (examples, worst rope error as a fraction of the
 CONTRACT §5 bound and in ulps, worst fp8 code distance, padded and saturated cases, and ``axes``:
@@ -37,8 +39,10 @@ import shlex
 import site
 import sys
 import sysconfig
+from typing import Callable
 
 from mla_fuse_conformance.cases import types as case_types
+from mla_fuse_conformance.running import interpreter_watch
 
 FAILURE_DIR_ENV = "MLA_FUSE_FAILURE_DIR"
 REPORT_DIR_ENV = "MLA_FUSE_REPORT_DIR"
@@ -132,6 +136,8 @@ class PropertyStats:
     padded_slot_cases: int = 0
     saturation_cases: int = 0
     axes: dict = dataclasses.field(default_factory=dict)  # {axis: {value: examples}}: what the examples exercised
+    not_judged: int = 0  # examples too slow under Triton's interpreter (interpreter_watch.py): neither pass nor fail
+    not_judged_estimate: float = 0.0  # the largest estimate among them, in seconds
 
     def exercised(self, found: dict[str, str]) -> None:
         """Count one example's feature values (``features.features``)."""
@@ -153,9 +159,19 @@ class Recorder:
     ``track_inflight`` (the plugin's recorder), each example saved before it runs. The plugin
     holds one per session (``config.stash``); runs outside pytest make their own."""
 
-    def __init__(self, track_inflight: bool = False) -> None:
+    def __init__(self, track_inflight: bool = False, heartbeat: Callable[[], None] | None = None) -> None:
+        """``heartbeat``: called as an example's interpreted kernels make progress (``interpreter_watch.py``;
+        the executor's child tells its parent); with ``track_inflight`` the hang timer restarts then too."""
         self.track_inflight = track_inflight
+        self.watch = interpreter_watch.InterpreterWatch(lambda: self._progress(heartbeat)).install()
+        self._timeout = 0.0
         self.reset()
+
+    def _progress(self, heartbeat: Callable[[], None] | None) -> None:
+        if heartbeat is not None:
+            heartbeat()
+        if self.track_inflight and self._timeout and self._stacks is not None and not self._stacks.closed:
+            faulthandler.dump_traceback_later(self._timeout, exit=True, file=self._stacks)
 
     def reset(self) -> None:
         self.stats: PropertyStats | None = None
@@ -185,11 +201,13 @@ class Recorder:
             from mla_fuse_conformance.cases.features import features
 
             self.stats.exercised(features(case, prop.rotates))
+        self.watch.start(interpreter_watch.budget(getattr(prop, "timeout_factor", 1)))
         if self.track_inflight:
             path = inflight_path()
             path.parent.mkdir(parents=True, exist_ok=True)
             record = self.record(prop, impl, device, case)
             timeout = example_timeout() * getattr(prop, "timeout_factor", 1)  # compile examples: longer
+            self._timeout = timeout
             record.update(nodeid=self.nodeid, pid=os.getpid(), timeout=timeout)
             path.write_text(json.dumps(record, sort_keys=True))
             if timeout:
@@ -198,6 +216,7 @@ class Recorder:
                 faulthandler.dump_traceback_later(timeout, exit=True, file=self._stacks)
 
     def finished(self) -> None:
+        self.watch.stop()
         if self.track_inflight:
             faulthandler.cancel_dump_traceback_later()
             path = inflight_path()

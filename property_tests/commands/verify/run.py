@@ -95,6 +95,8 @@ class OperationSummary:
     worst_fp8_code_diff: int = 0
     padded_slot_cases: int = 0
     saturation_cases: int = 0
+    not_judged: int = 0  # examples too slow under Triton's interpreter (running/interpreter_watch.py)
+    not_judged_estimate: float = 0.0
 
     @property
     def verdict(self) -> str:
@@ -118,6 +120,8 @@ class OperationSummary:
         self.worst_fp8_code_diff = max(self.worst_fp8_code_diff, int(metrics.get("worst_fp8_code_diff", 0)))
         self.padded_slot_cases += int(metrics.get("padded_slot_cases", 0))
         self.saturation_cases += int(metrics.get("saturation_cases", 0))
+        self.not_judged += int(metrics.get("not_judged", 0))
+        self.not_judged_estimate = max(self.not_judged_estimate, float(metrics.get("not_judged_estimate", 0.0)))
 
 
 def read_outcomes(path: pathlib.Path) -> list[dict]:
@@ -351,6 +355,9 @@ def command_line() -> str:
 def print_report(impl, profile, elapsed, summaries, outcomes, maps, limits, failed) -> None:
     print(f"\nmla-fuse verify: {impl.spec} ({profile} profile, {elapsed:.0f} s)\n{format_table(summaries)}")
     print("".join(f"not run: {line}\n" for line in not_run(impl, profile)), end="")
+    print("".join(f"not judged: {op}: {s.not_judged} examples too slow under Triton's interpreter (estimated up to "
+                  f"{s.not_judged_estimate:.0f} s each; $MLA_FUSE_INTERPRETER_BUDGET): neither passed nor failed\n"
+                  for op, s in summaries.items() if s.not_judged), end="")
     failures = [line["failure"] for line in outcomes if line.get("failure")]
     others = [line for line in outcomes if line["outcome"] == "failed" and not line.get("failure")]
     if failures or others:
