@@ -74,6 +74,14 @@ class RejectsInt32(DeclaresInt64Only):
         super().rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
 
 
+class RaisesOnRank3(OnlyRope):
+    """Raises on every rank-3 query (a failure of another kind than a wrong result)."""
+    def rotary_embedding(self, positions, query, key, head_size, cos_sin_cache, is_neox):
+        if query.dim() == 3:
+            raise RuntimeError("no rank 3 today")
+        super().rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
+
+
 class IgnoresInt32(DeclaresInt64Only):
     """Declares int64 positions only, and reads int32 ones as the next row, raising nothing (a silent wrong result)."""
     def rotary_embedding(self, positions, query, key, head_size, cos_sin_cache, is_neox):
@@ -424,3 +432,29 @@ def test_an_unguarded_declared_limit_fails_the_verdict_whose_properties_pass(use
     assert done.returncode == 1 and report["verdict"] == "FAIL", done.stdout[-3000:]
     assert "limit | rotary_embedding: positions dtype int32 | unguarded: wrong result" in report["failing"]
     assert "positions dtype int32: unguarded: wrong result" in done.stdout and "replay: " in done.stdout
+
+
+def test_repro_reproduces_only_the_recorded_kind_of_failure(user_dir, capsys):
+    """A wrong result replayed against a kernel that now raises is not "REPRODUCED": another failure confirms
+    nothing (exit 3, naming both kinds)."""
+    impl = load_implementation("adapters_here:SecondHeadsWrong")
+    prop = property_named(ROPE_PROPERTY)
+    found = map_property(prop, impl, "cpu", _in_process(prop, impl), max_examples=40, rounds=1)
+    record = repro.load(found.cells[0].file)
+    assert record["kind"] == "wrong result"
+    assert repro.replay(record) == repro.REPRODUCED
+    assert repro.replay(record, impl_spec="adapters_here:RaisesOnRank3") == repro.OTHER_FAILURE
+    assert "did not reproduce: recorded wrong result, this run raised RuntimeError" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("recorded, now, same", [
+    ("wrong result", "wrong result", True), ("wrong result", "raised RuntimeError", False),
+    ("raised RuntimeError", "raised RuntimeError", True), ("raised RuntimeError", "raised ValueError", False),
+    ("crashed (SIGSEGV)", "crashed (SIGSEGV)", True), ("crashed (SIGSEGV)", "crashed (SIGABRT)", False),
+    ("crashed", "crashed (SIGBUS)", True), ("crashed after it finished", "crashed (SIGSEGV)", True),
+    ("hung", "hung: no result in 120 s", True), ("hung", "wrong result", False),
+    ("wrong result, not the same on replay", "wrong result", True),
+    ("did not reproduce: wrong result once, passed when hypothesis ran it again", "raised TypeError", True),
+])
+def test_what_counts_as_the_recorded_failure(recorded, now, same):
+    assert repro.same_failure(recorded, now) is same

@@ -11,9 +11,11 @@ the run's ``PYTHONPATH``), so the command replays it from any directory.
 
 The example runs in a child process (``executor.Executor``), so a case that crashes the kernel is
 reported as reproduced instead of taking this command down. Exit status: 0 the case passed,
-1 the failure reproduced (a wrong result, an exception from the kernel, or a crash), 2 the case
-could not be run (unreadable file, implementation not importable, operation not provided, case
-outside the implementation's declared limits). A file of a limit check's unguarded case (``limit``: the
+1 the failure reproduced (the recorded kind: a wrong result, the same exception type from the kernel,
+a crash by the same signal, a hang: ``same_failure``), 3 it failed another way ("did not reproduce:
+recorded X, this run Y": a different failure confirms nothing), 2 the case could not be run
+(unreadable file, implementation not importable, operation not provided, case outside the
+implementation's declared limits). A file of a limit check's unguarded case (``limit``: the
 declared limit it lies outside) runs the case as it is, outside the limits; a refusal then passes.
 """
 
@@ -28,11 +30,33 @@ import sys
 from hypothesis.errors import UnsatisfiedAssumption
 
 from mla_fuse_conformance.cases import types as case_types
+from mla_fuse_conformance.running import recording
 from mla_fuse_conformance.running.executor import ChildNotProvided, Crashed, Executor, RaisedInChild
 from mla_fuse_conformance.running.harness import property_named
 from mla_fuse_conformance.contract.implementation import ImplementationError, load_implementation
 
-PASSED, REPRODUCED, COULD_NOT_RUN = 0, 1, 2
+PASSED, REPRODUCED, COULD_NOT_RUN, OTHER_FAILURE = 0, 1, 2, 3
+
+
+def failure_class(kind: str) -> str:
+    """What must recur for a replay to reproduce a failure of ``kind``: ``wrong result``, ``raised TYPE``,
+    ``crashed (SIGNAL)``; any crash for a worker that died with no signal named (``crashed``, ``crashed after
+    it finished``); any hang; any failure for one that did not reproduce when recorded."""
+    kind = kind.split(", not the same on replay")[0]
+    if kind.startswith("did not reproduce") or kind in ("", "failed"):
+        return "any failure"
+    if kind.startswith("hung"):
+        return "hung"
+    if kind == "crashed" or kind.startswith("crashed after"):
+        return "crashed"
+    return kind
+
+
+def same_failure(recorded: str, now: str) -> bool:
+    """Whether a replay that failed as ``now`` (``recording.failure_kind``) reproduces the ``recorded`` kind."""
+    wanted = failure_class(recorded)
+    return wanted == "any failure" or failure_class(now) == wanted or (
+        wanted in ("hung", "crashed") and failure_class(now).startswith(wanted))
 
 
 def load(path: str) -> dict:
@@ -86,6 +110,10 @@ def replay(record: dict, impl_spec: str | None = None, device: str | None = None
             if outside and getattr(error, "original_type", None) == "Refused":
                 print(f"refused: {error}\nPASSED", flush=True)
                 return PASSED
+            now = recording.failure_kind(error)
+            if not same_failure(record.get("kind", ""), now):
+                print(f"{error}\ndid not reproduce: recorded {record.get('kind')}, this run {now}", flush=True)
+                return OTHER_FAILURE
             print(f"{error}\nREPRODUCED", flush=True)
             return REPRODUCED
         except (ChildNotProvided, UnsatisfiedAssumption) as reason:
