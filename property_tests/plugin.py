@@ -23,6 +23,9 @@ When the suite is in use it
   of ``declarations/third_party_warnings.py``;
 * registers the ``mla_fuse.*`` hypothesis profiles and, unless ``--hypothesis-profile`` names
   one, loads ``mla_fuse.ci`` under ``CI=true``, else ``mla_fuse.dev``;
+* where there is no GPU and ``TRITON_INTERPRET`` is unset, sets ``TRITON_INTERPRET=1`` before the
+  implementation is imported, so an adapter's ``@triton.jit`` kernels run under Triton's interpreter
+  as the suite's own do (``devices.interpret_triton_without_a_gpu``);
 * with ``--mla-fuse-shrink-seconds=S`` (``mla-fuse verify`` gives it in the dev profile), stops
   hypothesis' shrinking of a failing property after ``S`` seconds (``profiles.bound_shrinking``: hypothesis'
   own stop for slow shrinking, sooner), and marks such a failure ``shrinking`` cut short;
@@ -121,13 +124,14 @@ def start_suite(config) -> None:
         return
     current.in_use = True
     from mla_fuse_conformance.declarations.third_party_warnings import FILTERWARNINGS
-    from mla_fuse_conformance.running import recording
+    from mla_fuse_conformance.running import devices, recording
     from mla_fuse_conformance.settings import profiles
 
     for line in FILTERWARNINGS:
         config.addinivalue_line("filterwarnings", line)
     profiles.register()
     profiles.select_default(explicit=config.getoption("hypothesis_profile", None) is not None)
+    devices.interpret_triton_without_a_gpu()  # before the adapter is imported
     if config.getoption("mla_fuse_shrink_seconds", None) is not None:
         try:
             profiles.bound_shrinking(config.getoption("mla_fuse_shrink_seconds"))

@@ -32,6 +32,27 @@ def select_device() -> torch.device:
     return torch.device("cuda", index % torch.cuda.device_count())
 
 
+# ------------------------------------------------------------------ where an adapter's Triton kernels run
+
+INTERPRET_ENV_VAR = "TRITON_INTERPRET"
+
+
+def interpret_triton_without_a_gpu() -> str:
+    """Where there is no GPU and the user set no ``TRITON_INTERPRET``, set ``TRITON_INTERPRET=1`` (before an
+    adapter is imported: ``@triton.jit`` reads it when it decorates), so that a team's Triton kernels run
+    under Triton's interpreter as the suite's own do, in this process and the processes it starts (pytest
+    workers, the map's children, printed replays run by ``mla-fuse repro``, which calls this too). The
+    user's own setting is kept. Returns where such kernels run, for the report's header."""
+    own = os.environ.get(INTERPRET_ENV_VAR)
+    if own is not None:
+        on = own.strip().lower() in ("1", "true", "on", "yes")
+        return ("Triton's interpreter" if on else "the GPU") + f" ({INTERPRET_ENV_VAR}={own}, yours)"
+    if torch.cuda.is_available():
+        return "the GPU"
+    os.environ[INTERPRET_ENV_VAR] = "1"
+    return f"Triton's interpreter ({INTERPRET_ENV_VAR}=1, set by mla-fuse: no GPU)"
+
+
 # ------------------------------------------------------------------ CPU threads of parallel processes
 
 

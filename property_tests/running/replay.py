@@ -30,7 +30,7 @@ import sys
 from hypothesis.errors import UnsatisfiedAssumption
 
 from mla_fuse_conformance.cases import types as case_types
-from mla_fuse_conformance.running import recording
+from mla_fuse_conformance.running import devices, recording
 from mla_fuse_conformance.running.executor import ChildNotProvided, Crashed, Executor, RaisedInChild
 from mla_fuse_conformance.running.harness import property_named
 from mla_fuse_conformance.contract.implementation import ImplementationError, load_implementation
@@ -130,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--impl", help="replay against this implementation instead of the recorded one")
     parser.add_argument("--device", help="replay on this device instead of the recorded one")
     options = parser.parse_args(argv)
+    devices.interpret_triton_without_a_gpu()  # as the run did, before the adapter is imported
     try:
         record = load(options.file)
     except (OSError, ValueError) as error:

@@ -76,7 +76,10 @@ def describe_environment(found: dict) -> list[str]:
     capability = f", compute capability {where['compute_capability']}" if "compute_capability" in where else ""
     versions = ", ".join(f"{name} {found[name]}" for name in ("python", "torch", "triton", "hypothesis", "mla_fuse"))
     backend = "Triton's interpreter" if found["backend"] == "interpreter" else "the GPU"
-    return [f"device: {where['kind']} x{where['count']} ({where['name']}{capability}); mla_fuse kernels on {backend}",
+    adapter = f"; an adapter's @triton.jit kernels on {found['adapter_triton_kernels']}" \
+        if found.get("adapter_triton_kernels") else ""
+    return [f"device: {where['kind']} x{where['count']} ({where['name']}{capability}); mla_fuse kernels on {backend}"
+            + adapter,
             f"versions: {versions}; {found['platform']}",
             f"CPU: {found['cpu']['model']}; vector flags: {' '.join(found['cpu']['flags']) or 'none found'}"]
 

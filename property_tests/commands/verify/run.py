@@ -50,7 +50,7 @@ from mla_fuse_conformance.commands.repro import script as reproducer
 from mla_fuse_conformance.commands.verify import maps, stopping
 from mla_fuse_conformance.commands.verify.maps import failing_properties, property_of  # noqa: F401 - verify's API
 from mla_fuse_conformance.settings import profiles
-from mla_fuse_conformance.running import recording
+from mla_fuse_conformance.running import devices, recording
 from mla_fuse_conformance.cases.features import describe
 from mla_fuse_conformance.contract.implementation import ImplementationError, load_implementation
 from mla_fuse_conformance.declarations.operations import OPERATIONS, ROTATING_OPERATIONS
@@ -248,6 +248,7 @@ def run_verify(impl_spec: str | None, profile: str, report_dir: pathlib.Path, wo
                known: baseline.Known | None = None, write_known: pathlib.Path | None = None,
                map_seconds: float = maps.DEFAULT_SECONDS) -> int:
     started_at, started = datetime.datetime.now(datetime.timezone.utc), time.monotonic()
+    triton_kernels = devices.interpret_triton_without_a_gpu()  # before the adapter is imported
     try:
         impl = load_implementation(impl_spec, require)
     except ImplementationError as error:
@@ -255,6 +256,7 @@ def run_verify(impl_spec: str | None, profile: str, report_dir: pathlib.Path, wo
         return 2
     header = describe_implementation(impl)
     found, described = environment.environment(), environment.implementation(impl, header)
+    found["adapter_triton_kernels"] = triton_kernels
     print_what_ran(impl, profile, found, described["version"], header)
     report_dir.mkdir(parents=True, exist_ok=True)
     (report_dir / OUTCOMES_FILE).unlink(missing_ok=True)

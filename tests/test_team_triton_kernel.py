@@ -1,0 +1,79 @@
+"""A team's own ``@triton.jit`` kernel, gated from the team's directory on a machine with no GPU and no
+``TRITON_INTERPRET`` set by the user: ``mla-fuse verify`` sets ``TRITON_INTERPRET=1`` before the adapter is
+imported (``running.devices.interpret_triton_without_a_gpu``), so the kernel runs under Triton's
+interpreter as the suite's own do, and the header says so. Before, every example raised ``RuntimeError: 0
+active drivers ([]). There should only be one.`` and the report blamed the kernel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ADAPTER = '''
+import triton
+import triton.language as tl
+from mla_fuse_reference.adapter import ReferenceImplementation
+
+SCALE = {scale}
+
+
+@triton.jit
+def scale_first(x_ptr, scale, n, BLOCK: tl.constexpr):
+    offsets = tl.arange(0, BLOCK)
+    mask = offsets < n
+    values = tl.load(x_ptr + offsets, mask=mask)
+    tl.store(x_ptr + offsets, tl.where(offsets == 0, values * scale, values), mask=mask)
+
+
+class TeamKernel(ReferenceImplementation):
+    """The reference rope, then the team's kernel over the query's first row (a no-op at scale 1)."""
+    capabilities = {{"dtypes": ("float32",), "query_ranks": ("3",)}}
+    concat_and_cache_mla = concat_and_cache_mla_rope_fused = None
+    reshape_and_cache_flash = rope_and_reshape_and_cache_flash = None
+
+    def rotary_embedding(self, positions, query, key, head_size, cos_sin_cache, is_neox):
+        super().rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
+        if query.numel() and query.is_contiguous():
+            scale_first[(1,)](query, SCALE, query[0].numel(), BLOCK=1024)
+'''
+
+
+def verify(directory, scale: float) -> tuple[subprocess.CompletedProcess, dict]:
+    (directory / "team.py").write_text(ADAPTER.format(scale=scale))
+    env = {key: value for key, value in os.environ.items() if key not in ("TRITON_INTERPRET", "CI")}
+    done = subprocess.run([sys.executable, "-m", "mla_fuse_conformance", "verify", "--impl", "team:TeamKernel", "-n", "1",
+                           "--map-rounds", "0", "--", "-k", "test_rotary_embedding_matches_reference"],
+                          cwd=directory, env=dict(env, PYTHONPATH=str(directory)), capture_output=True, text=True,
+                          timeout=900)
+    return done, json.loads((directory / ".mla_fuse_reports" / "report.json").read_text())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the kernel runs there: nothing is set")
+def test_a_teams_triton_kernel_runs_under_the_interpreter_without_a_gpu(tmp_path):
+    done, report = verify(tmp_path, 1.0)
+    assert "0 active drivers" not in done.stdout + done.stderr
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert report["operations"]["rotary_embedding"]["verdict"] == "pass" and report["operations"]["rotary_embedding"]["examples"]
+    assert "an adapter's @triton.jit kernels on Triton's interpreter (TRITON_INTERPRET=1, set by mla-fuse: no GPU)" \
+        in done.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the kernel runs there: nothing is set")
+def test_a_bug_in_a_teams_triton_kernel_is_found_under_the_interpreter(tmp_path):
+    done, report = verify(tmp_path, 1.5)
+    assert done.returncode == 1 and report["operations"]["rotary_embedding"]["verdict"] == "FAIL", done.stdout[-3000:]
+    assert {failure["kind"] for failure in report["failures"]} == {"wrong result"}, report["failures"]
+
+
+def test_the_users_own_setting_wins(monkeypatch):
+    from mla_fuse_conformance.running import devices
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert devices.interpret_triton_without_a_gpu() == "the GPU (TRITON_INTERPRET=0, yours)"
+    assert os.environ["TRITON_INTERPRET"] == "0"
