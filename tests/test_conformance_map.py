@@ -17,6 +17,7 @@ import sys
 import pytest
 import torch
 
+from mla_fuse_conformance.running import recording
 from mla_fuse_conformance.running import replay as repro
 from mla_fuse_conformance.cases.types import PositionSpec, RopeCase, TableSpec
 from mla_fuse_conformance.running.executor import Crashed, Executor, Hung, RaisedInChild
@@ -79,6 +80,13 @@ class RaisesOnRank3(OnlyRope):
     def rotary_embedding(self, positions, query, key, head_size, cos_sin_cache, is_neox):
         if query.dim() == 3:
             raise RuntimeError("no rank 3 today")
+        super().rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
+
+
+class AssertsOnRank2(OnlyRope):
+    """A wrapper's own assert, as SGLang's ``assert block_size is power of 2``: it raised, nothing was judged wrong."""
+    def rotary_embedding(self, positions, query, key, head_size, cos_sin_cache, is_neox):
+        assert query.dim() == 3, "query should be rank 3"
         super().rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
 
 
@@ -458,3 +466,15 @@ def test_repro_reproduces_only_the_recorded_kind_of_failure(user_dir, capsys):
 ])
 def test_what_counts_as_the_recorded_failure(recorded, now, same):
     assert repro.same_failure(recorded, now) is same
+
+
+def test_an_assert_of_the_implementation_is_what_it_raised_not_a_wrong_result(user_dir):
+    impl = load_implementation("adapters_here:AssertsOnRank2")
+    prop = property_named(ROPE_PROPERTY)
+    with pytest.raises(Exception) as raised:
+        _in_process(prop, impl)(RANK2)
+    assert recording.failure_kind(raised.value) == "raised AssertionError", raised.value
+    with Executor(impl.spec, "cpu") as executor, pytest.raises(RaisedInChild) as in_child:
+        executor.run(prop.name, RANK2)
+    assert recording.failure_kind(in_child.value) == "raised AssertionError"
+    assert "query should be rank 3" in str(in_child.value)

@@ -131,7 +131,8 @@ def _layer_kinds(case: CompileCase) -> str:
 def _set_layer_kinds(case: CompileCase, value: str):
     if value == "hybrid":
         return None
-    return _fix(dataclasses.replace(case, model=dataclasses.replace(case.model, kinds=(value,) * len(case.model.kinds))))
+    kinds = (value,) * len(case.model.kinds)
+    return _fix(dataclasses.replace(case, model=dataclasses.replace(case.model, kinds=kinds)))
 
 
 def _field_axis(name: str, values: tuple[str, ...], path: str, shown=str, stored=None) -> Axis:

@@ -28,11 +28,21 @@ from mla_fuse_conformance.running.events import event, target
 BUFFER_OF_ARGUMENT = {"kv_cache_scale": "scale"}
 
 
+class ImplementationAssertion(Exception):
+    """An ``assert`` of the implementation itself failed (a wrapper's ``assert block_size power of 2``): what
+    it raised, ``raised AssertionError``, not a wrong result (the suite's own checks raise AssertionError)."""
+
+    original_type = "AssertionError"
+
+
 def call(impl, operation: str, args: dict, check_values: bool = False) -> None:
     """``operation`` of ``impl`` on the built arguments, with the value checks on when ``check_values``
     (``mla_fuse.validation.checking_values``: our operations read it; others have their own switches)."""
     with checking_values(True if check_values else None):
-        impl.op(operation)(*(args[BUFFER_OF_ARGUMENT.get(name, name)] for name in OPERATION_ARGUMENTS[operation]))
+        try:
+            impl.op(operation)(*(args[BUFFER_OF_ARGUMENT.get(name, name)] for name in OPERATION_ARGUMENTS[operation]))
+        except AssertionError as error:
+            raise ImplementationAssertion(str(error)) from error
 
 
 def _count_padding(run, case) -> None:
@@ -50,11 +60,11 @@ class Refused(Exception):
 
 def _refusal(built, operation: str, error: Exception, before: dict) -> Refused:
     """``Refused`` when ``error`` left every buffer as it was; an AssertionError naming what was written else."""
-    comparisons.assert_buffers_equal(
-        built.buffers, {n: b.flat for n, b in built.buffers.items()}, before,
-        f"{operation} wrote, then raised {type(error).__name__} outside a declared limit")
+    raised = getattr(error, "original_type", type(error).__name__)
+    comparisons.assert_buffers_equal(built.buffers, {n: b.flat for n, b in built.buffers.items()}, before,
+                                     f"{operation} wrote, then raised {raised} outside a declared limit")
     lines = str(error).strip().splitlines()
-    return Refused(f"{type(error).__name__}: {lines[0][:200]}" if lines else type(error).__name__)
+    return Refused(f"{raised}: {lines[0][:200]}" if lines else raised)
 
 
 def against_reference(run, case, operation: str) -> comparisons.Outcome:

@@ -246,7 +246,8 @@ def _serve(connection, impl_spec: str, device_name: str, require: tuple[str, ...
         except NotProvided as reason:
             reply = {"status": "not provided", "message": str(reason)}
         except Exception as error:  # noqa: BLE001 - what the kernel raised is the finding
-            reply = {"status": "raised", "type": type(error).__name__, "message": str(error).strip()[-4000:]}
+            reply = {"status": "raised", "type": getattr(error, "original_type", type(error).__name__),
+                     "message": str(error).strip()[-4000:]}
         connection.send(reply)
         if device.type == "cuda" and reply["status"] == "raised" and "cuda" in (reply["type"] + reply["message"]).lower():
             break  # a CUDA error can leave the context unusable: the next example gets a new child
