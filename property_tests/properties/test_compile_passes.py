@@ -13,9 +13,11 @@ then requires:
 * the fusion fired exactly where it should: the match counts, one fused node per fused layer
   (in place, not ``auto_functionalized``, before that layer's attention), the unfused update
   left for every other layer, the kernels that run (counted);
-* compiled == eager, bit for bit: the model output, every layer's rotated q and k, and every
-  byte of every cache pool (inside the views or not); again for a second token count with the
-  same graph when the count is dynamic;
+* compiled with the passes == without them, bit for bit: the model output, every layer's rotated q
+  and k, and every byte of every cache pool (inside the views or not), against eager and, on Inductor
+  where eager differs, against Inductor at O0 (no pass: Inductor's own float32 sums are not ATen's,
+  docs/PASSES.md "What the property compares"); again for a second token count with the same graph
+  when the count is dynamic;
 * no cache copy: no cache pool is an input of a compiled graph, and the bytes a step allocates
   do not grow with the cache (the same step on caches four times larger);
 * the ops the passes leave in the graph declare what they write and have fakes that agree with
