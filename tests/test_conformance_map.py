@@ -161,10 +161,14 @@ def test_the_executor_survives_a_crash_and_reports_what_was_raised(user_dir):
         executor.run(prop.name, RANK3)  # a new child
     int32 = RopeCase(seed=1, tokens=3, heads=1, kv_heads=1, head_size=6, dtype="bfloat16", is_neox=False,
                      table=TableSpec("plain", 4, 8), positions=PositionSpec(dtype="int32"))
-    with Executor("adapters_here:RejectsInt32", "cpu") as executor:
-        with pytest.raises(RaisedInChild, match="expected scalar type Long") as raised:
-            executor.run(prop.name, int32, within_limits=False)
+    with Executor("adapters_here:RaisesOnRank3", "cpu") as executor:
+        with pytest.raises(RaisedInChild, match="no rank 3 today") as raised:
+            executor.run(prop.name, RANK3)
         assert raised.value.original_type == "RuntimeError"
+    with Executor("adapters_here:RejectsInt32", "cpu") as executor:  # outside a declared limit: a refusal
+        with pytest.raises(RaisedInChild, match="RuntimeError: expected scalar type Long") as raised:
+            executor.run(prop.name, int32, within_limits=False)
+        assert raised.value.original_type == "Refused"
 
 
 def test_a_hung_example_is_killed_and_the_next_gets_a_new_child(user_dir, monkeypatch):

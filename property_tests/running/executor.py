@@ -162,23 +162,25 @@ class Executor:
         return self._ask({"operation": operation, "case": case_types.to_jsonable(case)},
                          recording.example_timeout() or None)["outputs"]
 
-    def _wait(self, seconds: float, stall: float | None = None) -> bool:
-        """Whether the child's reply came within ``seconds`` (``inf``: no limit) and without ``stall`` seconds
+    def _wait(self, seconds: float, stall: float | None = None) -> str | None:
+        """None when the child's reply came within ``seconds`` (``inf``: no limit) and without ``stall`` seconds
         with no progress (from the request or the child's last progress: a program its interpreted kernels
-        started), ``check`` called every ``CHECK_EVERY`` seconds meanwhile (what it raises goes through: the
-        caller kills the child)."""
+        started); else ``"budget"`` or ``"stall"``, whichever came first. ``check`` is called every
+        ``CHECK_EVERY`` seconds meanwhile (what it raises goes through: the caller kills the child)."""
         started = time.monotonic()
         end = started + seconds
 
-        def deadline() -> float:
-            return end if stall is None else min(end, max(started, self.progress.value) + stall)
+        def stalled_at() -> float:
+            return float("inf") if stall is None else max(started, self.progress.value) + stall
 
-        while not self.connection.poll(max(0.0, min(CHECK_EVERY, deadline() - time.monotonic()))):
-            if time.monotonic() >= deadline():
-                return False
+        while not self.connection.poll(max(0.0, min(CHECK_EVERY, end - time.monotonic(),
+                                                     stalled_at() - time.monotonic()))):
+            now = time.monotonic()
+            if now >= min(end, stalled_at()):
+                return "budget" if end <= stalled_at() else "stall"
             if self.check is not None:
                 self.check()
-        return True
+        return None
 
     def _ask(self, request: dict, timeout: float | None, budget: float | None = None) -> dict:
         """Send ``request`` to the child; its reply, or the exception the outcome stands for."""
@@ -186,8 +188,9 @@ class Executor:
             self._start()
         try:
             self.connection.send(request)
-            if not self._wait(float("inf") if budget is None else budget, timeout):
-                if budget is not None and time.monotonic() - self.progress.value < (timeout or float("inf")):
+            ended = self._wait(float("inf") if budget is None else budget, timeout)
+            if ended is not None:
+                if ended == "budget":
                     self.kill()  # the caller's time, not the example's: no outcome
                     raise OutOfTime()
                 self.process.kill()
