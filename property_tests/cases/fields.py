@@ -31,7 +31,7 @@ from mla_fuse_conformance.cases.types import FlashCase, MlaCase, Placement, Rope
 from mla_fuse_conformance.cases.value_relations import value_relations
 from mla_fuse_conformance.declarations.layout_types import KV_FORMS
 
-_ELEMENT = re.compile(r"^(.*)\[(\d+)\]$")
+ELEMENT = re.compile(r"^(.*)\[(\d+)\]$")  # ``name[i]``: one element of a tuple field
 
 
 class OtherFields(Protocol):
@@ -221,7 +221,7 @@ def alternatives(case, path: str) -> tuple:
 
 
 def _set_path(case, path: str, value):
-    match = _ELEMENT.match(path)
+    match = ELEMENT.match(path)
     head, _, rest = (match.group(1) if match else path).partition(".")
     if not rest:
         return dataclasses.replace(case, **{head: value})

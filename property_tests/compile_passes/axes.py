@@ -12,23 +12,22 @@ seconds of compiling.
 from __future__ import annotations
 
 import dataclasses
-import re
 
 from mla_fuse_conformance.cases import features as case_features
 from mla_fuse_conformance.cases import fields as case_fields
 from mla_fuse_conformance.cases.features import Axis
-from mla_fuse_conformance.compile_passes.cases import KV_CACHE_DTYPES, CompileCase
+from mla_fuse_conformance.compile_passes.cases import KV_CACHE_DTYPES, KV_FORMS_OF_POOL, CompileCase
 from mla_fuse_conformance.compile_passes.layers import ROPE_FORMS, SITUATIONS
+from mla_fuse_conformance.declarations.dtypes import FLOAT_DTYPES
 
-_ELEMENT = re.compile(r"^(.*)\[(\d+)\]$")
 
 DOMAINS: dict[str, tuple] = {
-    "model.dtype": ("float32", "bfloat16", "float16"),
+    "model.dtype": FLOAT_DTYPES,
     "model.rope": ROPE_FORMS,
     "model.is_neox": (False, True),
     "model.shared_rope": (False, True),
-    "layout.pool": ("separate", "chunked", "interleaved"),
-    "layout.kv": ("split", "flash", "flashinfer", "halves"),
+    "layout.pool": tuple(KV_FORMS_OF_POOL),
+    "layout.kv": KV_FORMS_OF_POOL["separate"],
     "layout.hnd": (False, True),
     "kv_cache_dtype": KV_CACHE_DTYPES,
     "fp8_storage": ("uint8", "float8"),
@@ -38,8 +37,6 @@ DOMAINS: dict[str, tuple] = {
     "backend": ("light", "inductor"),
     "settings.level": (0, 1, 2, 3),
 }
-KV_FORMS_OF_POOL = {"separate": ("split", "flash", "flashinfer", "halves"),
-                    "chunked": ("flash", "flashinfer", "halves"), "interleaved": ("flashinfer", "halves")}
 
 
 def leaves(case: CompileCase) -> dict[str, object]:
@@ -54,7 +51,7 @@ def leaves(case: CompileCase) -> dict[str, object]:
 
 
 def _get(case, path: str):
-    match = _ELEMENT.match(path)
+    match = case_fields.ELEMENT.match(path)
     value = case
     for name in (match.group(1) if match else path).split("."):
         value = getattr(value, name)
@@ -74,7 +71,7 @@ def alternatives(case: CompileCase, path: str) -> tuple:
 
 def _set(case, path: str, value):
     """``case`` with one field replaced (``model.kinds[1]``: one element of the tuple)."""
-    match = _ELEMENT.match(path)
+    match = case_fields.ELEMENT.match(path)
     names = (match.group(1) if match else path).split(".")
     if match:
         items = list(_get(case, match.group(1)))
@@ -152,8 +149,8 @@ COMPILE_AXES = (
     _field_axis("rope form", ROPE_FORMS, "model.rope"),
     _field_axis("rope style", ("neox", "gptj"), "model.is_neox", lambda neox: "neox" if neox else "gptj",
                 lambda text: text == "neox"),
-    _field_axis("model dtype", ("float32", "bfloat16", "float16"), "model.dtype"),
-    _field_axis("cache pool", ("separate", "chunked", "interleaved"), "layout.pool"),
+    _field_axis("model dtype", FLOAT_DTYPES, "model.dtype"),
+    _field_axis("cache pool", tuple(KV_FORMS_OF_POOL), "layout.pool"),
     _field_axis("cache format", KV_CACHE_DTYPES, "kv_cache_dtype"),
     _field_axis("backend", ("light", "inductor"), "backend"),
     _field_axis("token count", ("dynamic", "static"), "dynamic", lambda dynamic: "dynamic" if dynamic else "static",

@@ -28,6 +28,10 @@ ALL_KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e5m2", "fp8_e4m3")
 UPDATE_OP = {"mla": "mla_fuse::unified_mla_kv_cache_update", "mha": "mla_fuse::unified_kv_cache_update"}
 FLAG = {"mla": "fuse_mla_rope_kvcache", "mha": "fuse_rope_kvcache"}
+# K/V forms each pool layout of the engines takes (``engine_caches.build_caches``): K and V in separate
+# allocations ("split") only in separate pools, the interleaved pool only with K|V in one entry
+KV_FORMS_OF_POOL = {"separate": ("split", "flash", "flashinfer", "halves"),
+                    "chunked": ("flash", "flashinfer", "halves"), "interleaved": ("flashinfer", "halves")}
 CACHE_SLOTS = 32  # cache capacity in tokens, whatever the block size
 # Share (in %) of drawn examples compiled with real Inductor (C++ code generation, ~10-40 s an
 # example on a CPU); every profile also runs the property's explicit Inductor examples.
@@ -140,10 +144,8 @@ def model_specs(draw) -> ModelSpec:
 
 @st.composite
 def cache_layouts(draw) -> CacheLayout:
-    pool = draw(st.sampled_from(("separate", "chunked", "interleaved")))
-    kv = draw(st.sampled_from(("flashinfer", "halves") if pool == "interleaved" else
-                              ("split", "flash", "flashinfer", "halves") if pool == "separate" else
-                              ("flash", "flashinfer", "halves")))
+    pool = draw(st.sampled_from(tuple(KV_FORMS_OF_POOL)))
+    kv = draw(st.sampled_from(KV_FORMS_OF_POOL[pool]))
     return CacheLayout(pool, kv, hnd=draw(st.booleans()))
 
 

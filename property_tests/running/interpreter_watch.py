@@ -45,17 +45,25 @@ class TooSlowUnderInterpreter(BaseException):
         self.estimated, self.budget, self.programs = estimated, budget, programs
 
 
+def seconds_setting(name: str, default: float) -> float:
+    """A number of seconds from ``$name`` (``default`` when unset or empty; 0: no limit), or a ValueError
+    naming the variable (also ``recording.example_timeout``'s)."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{name} must be a number of seconds (0: no limit), got {text!r}") from None
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0 seconds (0: no limit), got {text!r}")
+    return value
+
+
 def budget(factor: int = 1) -> float:
     """Seconds an example may be estimated to take under the interpreter (``$MLA_FUSE_INTERPRETER_BUDGET``
     times ``factor``; 0: no estimate is acted on)."""
-    text = os.environ.get(BUDGET_ENV, "").strip()
-    try:
-        value = float(text) if text else DEFAULT_BUDGET
-    except ValueError:
-        raise ValueError(f"{BUDGET_ENV} must be a number of seconds (0: no limit), got {text!r}") from None
-    if value < 0:
-        raise ValueError(f"{BUDGET_ENV} must be >= 0 seconds (0: no limit), got {text!r}")
-    return value * factor
+    return seconds_setting(BUDGET_ENV, DEFAULT_BUDGET) * factor
 
 
 class InterpreterWatch:

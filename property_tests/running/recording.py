@@ -61,16 +61,7 @@ def write_atomic(path: pathlib.Path, text: str) -> None:
 
 def example_timeout() -> float:
     """Seconds one example may run before it counts as hung (``$MLA_FUSE_EXAMPLE_TIMEOUT``; 0: never)."""
-    text = os.environ.get(TIMEOUT_ENV, "").strip()
-    if not text:
-        return DEFAULT_EXAMPLE_TIMEOUT
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"{TIMEOUT_ENV} must be a number of seconds (0: no limit), got {text!r}") from None
-    if value < 0:
-        raise ValueError(f"{TIMEOUT_ENV} must be >= 0 seconds (0: no limit), got {text!r}")
-    return value
+    return interpreter_watch.seconds_setting(TIMEOUT_ENV, DEFAULT_EXAMPLE_TIMEOUT)
 
 
 def finished_path(inflight: pathlib.Path) -> pathlib.Path:

@@ -89,9 +89,10 @@ def check_limit(prop, impl, run_example: Callable, operation: str, axis: str, va
         try:
             run_example(case)
         except FAILURES as error:
-            if refusal(error) is None:
+            refused_with = refusal(error)
+            if refused_with is None:
                 raise
-            refused.append(refusal(error))
+            refused.append(refused_with)
             return
         reached.append(reaches(case, operation))
 
