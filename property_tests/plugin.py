@@ -251,7 +251,7 @@ def pytest_generate_tests(metafunc):
     """A deployment property (``properties/test_deployments.py``, marked by ``mla_fuse_deployments``)
     runs once per deployment of its operation, the suite's and the user's own (the implementation's
     ``deployments`` attribute and a conftest's ``pytest_mla_fuse_deployments`` hook, checked),
-    each test id the deployment's name."""
+    each test id the deployment's name, with the deployment's engine layout (``deployment_layout``)."""
     operation = getattr(metafunc.function, "mla_fuse_deployments", None)
     if operation is None:
         return
@@ -267,8 +267,10 @@ def pytest_generate_tests(metafunc):
     except ValueError as error:
         raise pytest.UsageError(f"{metafunc.config.getoption('mla_fuse_impl') or 'the implementation'}: {error}") \
             from None
+    deployments = {d.name: d for d in DEPLOYMENTS + theirs}
     cases = deployment_cases(operation, DEPLOYMENTS + theirs)
-    metafunc.parametrize("case", list(cases.values()), ids=list(cases))
+    metafunc.parametrize(("case", "deployment_layout"), [(case, deployments[name].layout) for name, case in cases.items()],
+                         ids=list(cases))
 
 
 @pytest.fixture(scope="session")

@@ -411,6 +411,8 @@ def test_a_limit_is_handled_only_by_cases_that_reach_it():
             return self
 
     class Impl:
+        guarded_by_caller = {}
+
         def caps(self, operation):
             return Caps()
 

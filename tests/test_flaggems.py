@@ -90,6 +90,11 @@ def test_rotary_embedding_fixed_cases(flaggems, dtype, heads, kv_heads, head_siz
         assert _within_bound(got[..., :rotary_dim], want[..., :rotary_dim], before), f"{name}: past the bound"
 
 
+# the contract's fp8 names -> FlagGems' own (its kv_dtype_map): a caller of flag_gems itself may pass these;
+# vLLM passes the contract's (its CacheDType), which FlagGems refuses (test_vllms_fp8_names_are_refused)
+FLAGGEMS_SPELLING = {"fp8_e4m3": "fp8e4m3", "fp8_e5m2": "fp8e5m2"}
+
+
 def _mla(impl, kv_cache_dtype, dtype, cache_dtype, latent, rotary_dim, slots, scale):
     kv_c = _randn(len(slots) + 1, latent, dtype=dtype, seed=3)
     k_pe = _randn(len(slots) + 1, rotary_dim, dtype=dtype, seed=4)
@@ -99,7 +104,7 @@ def _mla(impl, kv_cache_dtype, dtype, cache_dtype, latent, rotary_dim, slots, sc
     slots = torch.tensor(slots, device=DEVICE)
     scale = torch.tensor([scale], device=DEVICE)
     want = ref.concat_and_cache_mla(kv_c, k_pe, cache.clone(), slots, kv_cache_dtype, scale)
-    impl.concat_and_cache_mla(kv_c, k_pe, cache, slots, kv_cache_dtype, scale)
+    impl.concat_and_cache_mla(kv_c, k_pe, cache, slots, FLAGGEMS_SPELLING.get(kv_cache_dtype, kv_cache_dtype), scale)
     return _bits(cache), _bits(want)
 
 
@@ -136,9 +141,34 @@ def test_the_declared_limits_are_the_codes(flaggems):
     caps = flaggems().capabilities
     assert caps["rotary_embedding"].describe(True) == ["key: not none"]
     assert caps["concat_and_cache_mla"].describe(False) == [
-        "slot_mapping layout: not strided", "kv_cache_dtype: not float32, bfloat16, float16",
+        "slot_mapping layout: not strided", "kv_cache_dtype: not float32, bfloat16, float16, fp8_e4m3, fp8_e5m2",
         "fp8 storage: not float8", "latent width: only 1, 2, 4, 8, 16, 32, 64, 128, 256, 512"]
-    assert "kv_cache_dtype: not fp8, fp8_e4m3, fp8_e5m2" in caps["reshape_and_cache_flash"].describe(False)
+    assert caps["reshape_and_cache_flash"].describe(False) == [
+        "slot_mapping layout: not strided", "kv_cache_dtype: not fp8, fp8_e4m3, fp8_e5m2"]
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8_e4m3", "fp8_e5m2"])
+def test_vllms_fp8_names_are_refused_before_anything_is_written(flaggems, kv_cache_dtype):
+    """Called as FlagGems' vLLM patch calls it (vLLM's ``CacheDType`` unchanged), the MLA write refuses
+    vLLM's own names of the fp8 formats: a vLLM deployment with ``--kv-cache-dtype fp8_e4m3`` fails there
+    (a served deployment, ``SERVES``). Before, the adapter translated the names, which the patch does not."""
+    cache = torch.full((3, 4, 12), SENTINEL, dtype=torch.uint8, device=DEVICE)
+    kv_c, k_pe = _randn(2, 8, dtype=torch.bfloat16, seed=3), _randn(2, 4, dtype=torch.bfloat16, seed=4)
+    with pytest.raises(ValueError, match=f"Unsupported kv_cache_dtype: {kv_cache_dtype}"):
+        flaggems().concat_and_cache_mla(kv_c, k_pe, cache, torch.tensor([3, 0], device=DEVICE), kv_cache_dtype,
+                                        torch.ones(1, device=DEVICE))
+    assert (cache == SENTINEL).all()
+
+
+def test_the_flash_write_raises_after_writing_fp8_as_the_patch_does(flaggems):
+    """The patch's ``FlashAttentionImpl.forward`` raises NotImplementedError for fp8 after the write, which
+    ignores the format: the cache is already written (the limit's check finds it ``unguarded: stray write``)."""
+    caches = [torch.zeros(4, 4, 2, 64, dtype=torch.uint8, device=DEVICE) for _ in range(2)]
+    key = _randn(1, 2, 64, dtype=torch.bfloat16, seed=5)
+    one = torch.ones(1, device=DEVICE)
+    with pytest.raises(NotImplementedError, match="FP8 quantization is not yet supported"):
+        flaggems().reshape_and_cache_flash(key, key.clone(), *caches, torch.tensor([5], device=DEVICE), "fp8", one, one)
+    assert caches[0].any(), "nothing was written before the raise"
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="the exact fp8 conversion applies under Triton's interpreter only")

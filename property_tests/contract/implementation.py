@@ -14,6 +14,16 @@ callables of CONTRACT §4 (``OPERATIONS``) plus a few declarations:
 ``capabilities``   the inputs it supports (``capabilities.Capabilities``; default: the whole contract)
 ``required``       operations that must be provided: a missing one fails instead of being
                    skipped (``--require OP[,OP]`` adds to it)
+``serves``         the engine calls it stands in for: operation -> names of ``engine_layouts.LAYOUTS``
+                   (``{"concat_and_cache_mla": ("vllm-mla",)}``: FlagGems' vLLM patch replaces vLLM's MLA
+                   cache write). Every deployment of those layouts runs that operation against it
+                   whatever its capabilities declare: a failure there, a refusal included (an engine
+                   asking for a cache format its own configuration allows), fails the verdict
+``guarded_by_caller`` declared limits its callers never reach: operation -> ``{"AXIS VALUE": "path:line
+                   what the caller guarantees"}`` (``{"reshape_and_cache_flash": {"slot_mapping layout
+                   strided": "vllm/v1/worker/block_table.py:85 ..."}}``), each one of the operation's
+                   declared limits. Such a limit is still checked; found unguarded, it is reported with
+                   its caller's guard and does not fail the verdict (docs/REPORT.md, ``limits``)
 
 Each operation it provides must take the contract's positional arguments
 (``OPERATION_ARGUMENTS``): a method that does not stops the load with one line naming it, the
@@ -43,6 +53,7 @@ from typing import Any, Callable
 from mla_fuse_conformance.contract import suggestions
 from mla_fuse_conformance.contract.capabilities import Capabilities, from_declaration
 from mla_fuse_conformance.contract.signatures import UNREADABLE, contract_signature, signature_problem
+from mla_fuse_conformance.declarations.engine_layouts import LAYOUTS
 from mla_fuse_conformance.declarations.operations import (OPERATION_ARGUMENTS, OPERATIONS, PADDED_ROW_MODES,
                                                            ROUNDING_MODES)
 from mla_fuse_conformance.declarations.options import CLI_IMPL_OPTION, CLI_REQUIRE_OPTION, DEFAULT_IMPL, IMPL_ENV_VAR
@@ -108,6 +119,8 @@ class Implementation:
     required: tuple[str, ...] = ()
     near_misses: dict = dataclasses.field(default_factory=dict)  # attribute -> the operation it resembles
     unchecked: tuple[str, ...] = ()  # operations whose signature could not be read (checked when called)
+    serves: dict = dataclasses.field(default_factory=dict)  # operation -> engine layouts (module docstring)
+    guarded_by_caller: dict = dataclasses.field(default_factory=dict)  # operation -> {"AXIS VALUE": source}
 
     def provides(self, operation: str) -> bool:
         return callable(getattr(self.target, operation, None))
@@ -271,12 +284,58 @@ def describe(target: Any, spec: str = "<object>", require: tuple[str, ...] = (),
     required = tuple(dict.fromkeys((*declared, *require)))
     name = getattr(target, "name", None) or type(target).__name__
     impl = Implementation(spec, name, rounding, padded_rows, checks_inputs, target, capabilities, required,
-                          near_misses(target), unreadable_signatures(target, where))
+                          near_misses(target), unreadable_signatures(target, where),
+                          served_layouts(getattr(target, "serves", None), where),
+                          caller_guards(getattr(target, "guarded_by_caller", None), capabilities, where))
     if not impl.operations:
         hint = "".join(f"; {attr!r} looks like {op!r}" for attr, op in impl.near_misses.items())
         raise ImplementationError(f"{where}: provides none of the operations "
                                   f"{', '.join(OPERATIONS)}{hint}")
     return impl
+
+
+def served_layouts(declared: Any, where: str) -> dict[str, tuple[str, ...]]:
+    """The ``serves`` declaration checked: operation -> engine layout names (module docstring)."""
+    if declared is None:
+        return {}
+    if not isinstance(declared, dict):
+        raise ImplementationError(f"{where}: serves must map operations to engine layout names, got {declared!r}")
+    served = {}
+    for operation, layouts in declared.items():
+        layouts = (layouts,) if isinstance(layouts, str) else tuple(layouts)
+        unknown = [name for name in layouts if name not in LAYOUTS]
+        if operation not in OPERATIONS or unknown:
+            raise ImplementationError(f"{where}: serves: {operation!r}: "
+                                      + (f"not an operation ({', '.join(OPERATIONS)})" if operation not in OPERATIONS
+                                         else f"{unknown} not engine layouts ({', '.join(LAYOUTS)})"))
+        served[operation] = layouts
+    return served
+
+
+def caller_guards(declared: Any, capabilities: dict, where: str) -> dict[str, dict[str, str]]:
+    """The ``guarded_by_caller`` declaration checked: each guard names one of the operation's declared
+    limits (``AXIS VALUE``, as ``mla-fuse verify`` lists them) and a non-empty source."""
+    if declared is None:
+        return {}
+    if not isinstance(declared, dict):
+        raise ImplementationError(f"{where}: guarded_by_caller must map operations to {{'AXIS VALUE': source}}, "
+                                  f"got {declared!r}")
+    guards = {}
+    for operation, limits in declared.items():
+        if operation not in OPERATIONS or not isinstance(limits, dict):
+            raise ImplementationError(f"{where}: guarded_by_caller: {operation!r} is not an operation mapped to "
+                                      "{'AXIS VALUE': source}")
+        declared_limits = {f"{axis} {value}" for rotates in (False, True)
+                           for axis, values in capabilities[operation].restrictions(rotates).items() for value in values}
+        for limit, source in limits.items():
+            if limit not in declared_limits:
+                raise ImplementationError(f"{where}: guarded_by_caller: {operation}: {limit!r} is not one of its "
+                                          f"declared limits ({', '.join(sorted(declared_limits)) or 'none'})")
+            if not isinstance(source, str) or not source.strip():
+                raise ImplementationError(f"{where}: guarded_by_caller: {operation}: {limit}: say which caller "
+                                          "guards it and where (path:line)")
+        guards[operation] = dict(limits)
+    return guards
 
 
 def unreadable_signatures(target: Any, where: str) -> tuple[str, ...]:

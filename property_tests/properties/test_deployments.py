@@ -10,7 +10,9 @@ counts; each test runs one explicit example per deployment, under pytest as
 
 A deployment outside the implementation's declared limits (its ``capabilities``) is skipped with a
 reason ``not supported (declared): <axis> <value>, ...`` (the report's per-deployment verdicts read
-the node ids and these reasons), not moved inside them as random cases are.
+the node ids and these reasons), not moved inside them as random cases are; unless the implementation
+``serves`` the deployment's engine layout for the operation (it stands in for that engine's call, as
+FlagGems' vLLM patch does for vLLM's): then it runs whatever is declared, and a refusal fails.
 
 A user's own deployments: an adapter attribute ``deployments = (Deployment(...), ...)``, or a
 conftest.py's ``pytest_mla_fuse_deployments(config)`` hook (``hookspecs.py``) returning them
@@ -18,6 +20,8 @@ conftest.py's ``pytest_mla_fuse_deployments(config)`` hook (``hookspecs.py``) re
 own ``Preset``; ``problems_of`` says what is wrong with one): the plugin checks them and runs them
 in these tests beside the suite's, under their own names (``pytest_generate_tests``). ``deployments.cpu_elements`` says what one example allocates.
 """
+
+import dataclasses
 
 import pytest
 from hypothesis import given, strategies as st
@@ -41,8 +45,11 @@ def in_deployments(operation):
     def decorate(body):
         drawn = given(case=st.sampled_from(list(cases.values())))(body)
 
-        def test(mla_fuse, case):
-            skip_if_declared_outside(mla_fuse, case, operation)
+        def test(mla_fuse, case, deployment_layout):
+            if deployment_layout in mla_fuse.impl.serves.get(operation, ()):
+                mla_fuse = dataclasses.replace(mla_fuse, served=deployment_layout)
+            else:
+                skip_if_declared_outside(mla_fuse, case, operation)
             body(mla_fuse, case)
 
         test.__name__, test.__qualname__, test.__doc__ = body.__name__, body.__qualname__, body.__doc__

@@ -141,9 +141,11 @@ class Executor:
             self.process.kill()
             self._discard()
 
-    def run(self, prop_name: str, case, within_limits: bool = True, budget: float | None = None) -> None:
+    def run(self, prop_name: str, case, within_limits: bool = True, budget: float | None = None,
+            served: str | None = None) -> None:
         """Run one example; raise what it raised (see the module docstring), inside hypothesis too.
-        ``within_limits=False``: a case outside the declared limits, on purpose (limit checks).
+        ``within_limits=False``: a case outside the declared limits, on purpose (limit checks); ``served``:
+        a deployment of an engine layout the implementation serves, run as it is (``harness.PropertyRun``).
         ``budget``: the seconds the caller has left; an example still running when they are spent is
         killed and ``OutOfTime`` raised (none left: raised before it starts)."""
         from mla_fuse_conformance.running.harness import property_named
@@ -153,7 +155,8 @@ class Executor:
         if budget is not None and budget <= 0:
             raise OutOfTime()
         factor = getattr(property_named(prop_name), "timeout_factor", 1)  # compile examples take longer
-        self._ask({"property": prop_name, "case": case_types.to_jsonable(case), "within_limits": within_limits},
+        self._ask({"property": prop_name, "case": case_types.to_jsonable(case), "within_limits": within_limits,
+                   "served": served},
                   recording.example_timeout() * factor or None, budget)
 
     def outputs(self, operation: str, case) -> dict:
@@ -240,7 +243,7 @@ def _serve(connection, impl_spec: str, device_name: str, require: tuple[str, ...
             if prop is None:  # mla-fuse compare: the memory after the call comes back
                 reply = {"status": "passed", "outputs": outputs.capture(impl, device, request["operation"], case)}
             else:
-                prop.run(impl, device, case, request["within_limits"], recorder)
+                prop.run(impl, device, case, request["within_limits"], recorder, request.get("served"))
                 reply = {"status": "passed"}
         except AssertionError as error:
             reply = {"status": "failed", "message": str(error)}

@@ -119,10 +119,12 @@ class Property:
         if self.needs_input_checks and not impl.checks_inputs:
             raise NotProvided(f"{impl.name} declares checks_inputs=False: the bad-input rule does not apply")
 
-    def run(self, impl, device, case, within_limits: bool = True, recorder: Recorder | None = None):
+    def run(self, impl, device, case, within_limits: bool = True, recorder: Recorder | None = None,
+            served: str | None = None):
         """One example outside hypothesis' test runner: ``case`` through the test's own body.
-        ``within_limits=False`` runs a case outside the declared limits (the limit checks)."""
-        run = PropertyRun(self, impl, device, recorder or Recorder(), within_limits)
+        ``within_limits=False`` runs a case outside the declared limits (the limit checks); ``served``: a
+        deployment of an engine layout the implementation serves, run as it is (``PropertyRun.served``)."""
+        run = PropertyRun(self, impl, device, recorder or Recorder(), within_limits, served=served)
         if isinstance(case, BadInputCase):
             return self.body(run, corruption=case.corruption, base=case.base)
         return self.body(run, case=case)
@@ -139,6 +141,9 @@ class PropertyRun:
     recorder: Recorder
     within_limits: bool = True
     skip_missing: bool = False  # under pytest a missing operation skips the test (else NotProvided)
+    # a deployment of this engine layout, which the implementation ``serves``: the case runs as the engine
+    # calls it, not moved inside the declared limits, and an exception is a failure (not a refusal)
+    served: str | None = None
 
     def __repr__(self) -> str:
         """Short: hypothesis prints it in every falsifying example, and the property's strategies
@@ -162,7 +167,7 @@ class PropertyRun:
             if self.skip_missing:
                 pytest.skip(str(reason))
             raise
-        if self.within_limits:
+        if self.within_limits and not self.served:
             case = prop.project(impl, case)
             if case is None:
                 assume(False)  # outside the declared limits: rejected (UnsatisfiedAssumption outside a test)
@@ -186,6 +191,8 @@ class PropertyRun:
         except Exception as error:
             stats.failed_examples += 1
             recorder.failed(prop, impl, self.device, case, error)
+            if self.served:  # the replay runs it as served too
+                recorder.last_failure["served"] = self.served
             raise
         finally:
             recorder.finished()

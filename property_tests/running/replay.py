@@ -103,9 +103,12 @@ def replay(record: dict, impl_spec: str | None = None, device: str | None = None
     outside = record.get("limit")  # a case just outside a declared limit (a limit check's unguarded case)
     if outside:
         print(f"outside the declared limit {outside}: run as it is (a refusal passes)")
+    served = record.get("served")  # a deployment of an engine layout the implementation serves
+    if served:
+        print(f"a deployment of {served}, which the implementation serves: run as the engine calls it")
     with Executor(impl.spec, device, impl.required) as executor:
         try:
-            executor.run(prop.name, case, within_limits=not outside)
+            executor.run(prop.name, case, within_limits=not outside, served=served)
         except (AssertionError, RaisedInChild, Crashed) as error:
             if outside and getattr(error, "original_type", None) == "Refused":
                 print(f"refused: {error}\nPASSED", flush=True)

@@ -182,7 +182,8 @@ def judge(report: dict, outcomes: list[dict], known: Known | None) -> int:
     not_mapped = set((report["run"].get("map") or {}).get("not_mapped") or ())
     failing = failing_ids(report["cells"], outcomes,
                           [cell for cell in (known.cells if known else ()) if cell.get("property") in not_mapped])
-    failing += [limit_id(check) for check in report.get("limits") or () if check["outcome"].startswith("unguarded")]
+    failing += [limit_id(check) for check in report.get("limits") or ()
+                if check["outcome"].startswith("unguarded") and not check.get("guarded_by")]
     report["failing"] = failing
     exit_code = report["run"]["exit_code"]
     if known is None:

@@ -6,7 +6,9 @@ Each limit's outcome:
 
 * ``unguarded: wrong result | stray write | crash | hang``: a case outside the limit ran and did harm
   (the first such case kept as a failure file, with its replay): a finding, which fails the verdict
-  (docs/REPORT.md, "limits"); ``stray write``: the call wrote, then raised;
+  (docs/REPORT.md, "limits"); ``stray write``: the call wrote, then raised. Unless the adapter states
+  that its callers never reach the limit (``guarded_by_caller``: which caller, where): then the check
+  keeps that guard (``guarded_by``), is listed with it, and the verdict does not fail on it;
 * ``refused``: every case that reached it raised before writing (the first exception's type and line);
 * ``handled``: such cases pass (the limit could be widened), counted only from cases that wrote an entry
   or rotated a row (``reaches``);
@@ -36,10 +38,16 @@ class LimitCheck:
     detail: str
     examples: int
     file: str | None = None  # an unguarded limit's failing case, saved for replay
+    guarded_by: str | None = None  # the adapter's ``guarded_by_caller`` for this limit: the caller's guard
 
     @property
     def unguarded(self) -> bool:
         return self.outcome.startswith(UNGUARDED)
+
+    @property
+    def finding(self) -> bool:
+        """Unguarded and no caller guards it: fails the verdict."""
+        return self.unguarded and not self.guarded_by
 
 
 UNGUARDED = "unguarded"
@@ -83,6 +91,7 @@ def check_limit(prop, impl, run_example: Callable, operation: str, axis: str, va
     module docstring's outcomes. A refused case is noted and the search goes on (a kernel may refuse some
     cases and corrupt others); the first case that does harm ends it."""
     strategy = prop.strategy_for(impl, capabilities=impl.caps(operation).only(axis, value))
+    guarded_by = impl.guarded_by_caller.get(operation, {}).get(f"{axis} {value}")
     reached, refused = [], []
 
     def run_counted(case):
@@ -106,9 +115,9 @@ def check_limit(prop, impl, run_example: Callable, operation: str, axis: str, va
         message = str(error).strip().splitlines()
         return LimitCheck(operation, axis, value, f"{UNGUARDED}: {how}",
                           f"{recording.failure_kind(error)}" + (f": {message[0][:200]}" if message else ""), examples,
-                          str(path))
+                          str(path), guarded_by)
     if refused:
-        return LimitCheck(operation, axis, value, "refused", refused[0], examples)
+        return LimitCheck(operation, axis, value, "refused", refused[0], examples, guarded_by=guarded_by)
     if not passed:
         return LimitCheck(operation, axis, value, "not reached", "no case with this value could be drawn", 0)
     if not any(reached):

@@ -164,9 +164,11 @@ def limits(report: dict) -> str:
     found = report.get("limits") or []
     if not found:
         return ""
-    rows = [[text(check.get(key)) for key in ("operation", "axis", "value", "outcome", "detail")] for check in found]
+    keys = ("operation", "axis", "value", "outcome", "detail", "guarded_by")
+    rows = [[text(check.get(key)) for key in keys] for check in found]
     return section("limits", "Declared limits, checked",
-                   table(["operation", "axis", "value", "outcome", "detail"], rows, "limits-table"))
+                   table(["operation", "axis", "value", "outcome", "detail", "guarded by its caller"], rows,
+                         "limits-table"))
 
 
 def coverage(report: dict) -> str:

@@ -126,10 +126,11 @@ def unguarded_limits(report: dict) -> list[str]:
     """Declared limits a case just outside ran past and did harm (docs/REPORT.md, ``limits``): findings."""
     found = [check for check in report.get("limits") or [] if str(check.get("outcome")).startswith("unguarded")]
     table = [[check.get("operation"), f"{check.get('axis')} {check.get('value')}", check.get("outcome"),
-              check.get("detail"), code(replay_command(check.get("file")))] for check in found]
+              check.get("detail"), check.get("guarded_by") or "no: a finding", code(replay_command(check.get("file")))]
+             for check in found]
     return [f"### Unguarded declared limits ({len(found)})", "",
-            *rows(["operation", "declared limit", "outcome", "detail", "replay"], table, len(table)), ""] \
-        if found else []
+            *rows(["operation", "declared limit", "outcome", "detail", "guarded by its caller", "replay"], table,
+                  len(table)), ""] if found else []
 
 
 def replay_command(file: str | None) -> str | None:

@@ -79,7 +79,8 @@ MAP_KEY = (
 LIMITS_KEY = (
     "key: refused: cases just outside the declared limit raised before writing anything (every byte unchanged); "
     "unguarded: such a case ran and gave a wrong result, wrote then raised (stray write), crashed or hung: a finding "
-    "that fails the verdict, with its replay; handled: such cases pass (the limit could be widened), counted only "
+    "that fails the verdict, with its replay, unless the adapter says which caller guards it (guarded by its caller: "
+    "listed, not failing); handled: such cases pass (the limit could be widened), counted only "
     "from cases that wrote an entry or rotated a row; not reached: no case with that value could be drawn, or none "
     "of those drawn did that work.")
 
@@ -306,7 +307,7 @@ def run_verify(impl_spec: str | None, profile: str, report_dir: pathlib.Path, wo
             phase.running = False
         except stopping.Stopped as stop:
             phase.stopped, phase.running = stop.name, False
-        failed = failed or any(check.unguarded for check in phase.limits)  # an unguarded limit is a finding
+        failed = failed or any(check.finding for check in phase.limits)  # unguarded, no caller's guard: a finding
         report, views = publish(os.environ.get("GITHUB_STEP_SUMMARY") if handled.signal else None)
     elapsed = time.monotonic() - started
     print_report(impl, profile, elapsed, summaries, outcomes, phase.maps, phase.limits, failed)
@@ -382,6 +383,7 @@ def print_report(impl, profile, elapsed, summaries, outcomes, maps, limits, fail
         for check in limits:
             note = {"handled": "declared unsupported, but handled"}.get(check.outcome, check.outcome)
             print(f"  {check.operation}: {check.axis} {check.value}: {note} ({check.detail})"
+                  + (f"\n      guarded by its caller: {check.guarded_by}" if check.guarded_by else "")
                   + (f"\n      replay: {recording.replay_command(pathlib.Path(check.file))}" if check.file else ""))
         print(f"  ({by_outcome['unguarded']} unguarded, {by_outcome['refused']} refused, {by_outcome['handled']} "
               "handled though declared unsupported)")
