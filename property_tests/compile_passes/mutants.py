@@ -7,7 +7,8 @@ class must be traced again). ``tests/test_pass_mutants.py`` runs the compile-pas
 suite alone against each and requires a failure: an ``AssertionError`` from a property, or one
 of the error types the mutant lists in ``caught_by`` (a mutant whose bug breaks the graph
 itself, e.g. a replacement placed before its inputs, is caught by the graph lint as a
-``RuntimeError``).
+``RuntimeError``). A mutant whose bug shows only in a graph no model produces names the unit test
+that builds such a graph (``unit_test``), and the self-test runs that test instead of the property.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ class PassMutant:
     bug_class: str                      # the BUGS.md line it carries
     patch: Callable[[], contextlib.AbstractContextManager]
     caught_by: tuple[type[BaseException], ...] = (AssertionError,)
+    # A bug in a graph shape no model produces (docs/PASSES.md, "Situations and graph shapes"), which the
+    # property cannot see: the unit test of tests/ that catches it instead (``module:test``).
+    unit_test: str | None = None
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
@@ -174,6 +178,25 @@ def _resplit_among_other_splits(scattered):
     return splits[0]
 
 
+_REWRITE_SPLIT = scatter_split_replace.ScatterSplitReplacementPattern._rewrite_split
+
+
+def _chain_read_between_its_links(self, split, new_parts):
+    """The scatter chain walked without its check on a link before the last: a reader of such a link (the
+    buffer with q written back, k not yet) is pointed at the buffer as it was before that link, and the
+    chain goes."""
+    buf = current = split.args[0]
+    for _ in new_parts:
+        links = [u for u in current.users if is_op(u, scatter_split_replace.SLICE_SCATTER) and u.args[0] is current]
+        if len(links) != 1:
+            break
+        if current is not buf:
+            for user in [u for u in current.users if u is not links[0]]:
+                user.replace_input_with(current, current.args[0])
+        current = links[0]
+    return _REWRITE_SPLIT(self, split, new_parts)
+
+
 _SPLIT_KEY = split_coalescing.SplitCoalescingPattern.key
 
 
@@ -280,6 +303,11 @@ PASS_MUTANTS = {m.name: m for m in [
                "split of the scattered buffer)",
                _patches((scatter_split_replace.ScatterSplitReplacementPattern, "sole_resplit",
                          staticmethod(_resplit_among_other_splits)))),
+    PassMutant("drops_a_scatter_link_with_other_readers", "an intermediate with other users deleted (a link of "
+               "the scatter chain before the last, read by another op)",
+               _patches((scatter_split_replace.ScatterSplitReplacementPattern, "_rewrite_split",
+                         _chain_read_between_its_links)),
+               unit_test="test_passes_unit:test_scatter_split_replacement_keeps_a_scatter_with_other_users"),
     PassMutant("merges_splits_along_different_dims", "Duplicate splits merged although they split along "
                "different dims", _patches((split_coalescing.SplitCoalescingPattern, "key",
                                            staticmethod(_split_key_without_dim)))),
