@@ -1,13 +1,14 @@
 """Deliberately broken compile passes, one or more per "Compile passes" class of docs/BUGS.md.
 
 Each ``PassMutant`` is a context manager that patches one thing in ``mla_fuse.passes`` (or, for
-the copy-free rule, in how a layer hands its cache to the graph) for as long as it is active,
+the copy-free rule, in how a layer hands its cache to the graph: ``cache_arguments``) while active,
 and drops the process-wide cache of traced patterns on the way in and out (a patched pattern
 class must be traced again). ``tests/test_pass_mutants.py`` runs the compile-pass property
 suite alone against each and requires a failure: an ``AssertionError`` from a property, or one
 of the error types the mutant lists in ``caught_by`` (a mutant whose bug breaks the graph
 itself, e.g. a replacement placed before its inputs, is caught by the graph lint as a
-``RuntimeError``).
+``RuntimeError``). A mutant whose bug shows only in a graph no model produces names the unit test
+that builds such a graph (``unit_test``), and the self-test runs that test instead of the property.
 """
 
 from __future__ import annotations
@@ -20,14 +21,17 @@ from unittest import mock
 import torch
 
 import mla_fuse.compile as mc
-from mla_fuse.layers import get_forward_context, paged_attention, unified_ops
-from mla_fuse.layers.mha import MHAAttention, heads
+from mla_fuse.layers import unified_ops
+from mla_fuse.layers.mha import MHAAttention
 from mla_fuse.layers.mla import MLAAttention
 from mla_fuse.passes import (
     aliasing, config, defunctionalize, mla_rope_kvcache_fusion, pattern_utils, rope_forms,
     rope_kvcache_fusion, scatter_split_replace, split_coalescing,
 )
 from mla_fuse.passes.fx_utils import call_args, is_op
+from mla_fuse_conformance.compile_passes.cache_arguments import (
+    mha_attend_with_cache_arguments, mla_attend_with_cache_arguments,
+)
 from mla_fuse_conformance.compile_passes.layers import inverse_rope
 
 aten = torch.ops.aten
@@ -39,6 +43,9 @@ class PassMutant:
     bug_class: str                      # the BUGS.md line it carries
     patch: Callable[[], contextlib.AbstractContextManager]
     caught_by: tuple[type[BaseException], ...] = (AssertionError,)
+    # A bug in a graph shape no model produces (docs/PASSES.md, "Situations and graph shapes"), which the
+    # property cannot see: the unit test of tests/ that catches it instead (``module:test``).
+    unit_test: str | None = None
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
@@ -171,6 +178,25 @@ def _resplit_among_other_splits(scattered):
     return splits[0]
 
 
+_REWRITE_SPLIT = scatter_split_replace.ScatterSplitReplacementPattern._rewrite_split
+
+
+def _chain_read_between_its_links(self, split, new_parts):
+    """The scatter chain walked without its check on a link before the last: a reader of such a link (the
+    buffer with q written back, k not yet) is pointed at the buffer as it was before that link, and the
+    chain goes."""
+    buf = current = split.args[0]
+    for _ in new_parts:
+        links = [u for u in current.users if is_op(u, scatter_split_replace.SLICE_SCATTER) and u.args[0] is current]
+        if len(links) != 1:
+            break
+        if current is not buf:
+            for user in [u for u in current.users if u is not links[0]]:
+                user.replace_input_with(current, current.args[0])
+        current = links[0]
+    return _REWRITE_SPLIT(self, split, new_parts)
+
+
 _SPLIT_KEY = split_coalescing.SplitCoalescingPattern.key
 
 
@@ -219,88 +245,6 @@ def _replacement_trusting_an_undeclared_write(self, positions, q_pe, k_pe, kv_c,
 def _inserting(op):
     return _patches((mla_rope_kvcache_fusion, "FUSED_MLA_UPDATE", op),
                     (defunctionalize, "FUSED_OPS", (op, unified_ops.FUSED_UPDATE)))
-
-
-# ------------------------------------------------------------------ the copy-free rule
-# The design before caches were fetched at run time (docs/PASSES.md): the layer reads its cache(s)
-# from the forward context while tracing and hands them to the update (declared as written) and to
-# the attention, so the caches are graph inputs.
-# When they alias (views of one pool), functionalization rebuilds the updated pool: a copy per step.
-
-
-@contextlib.contextmanager
-def _caches_in_context(layer_name: str, **caches):
-    context = get_forward_context()
-    entry = context.layer(layer_name)
-    context.layers[layer_name] = dataclasses.replace(entry, **caches)
-    try:
-        yield
-    finally:
-        context.layers[layer_name] = entry
-
-
-@torch.library.custom_op("mla_fuse_arguments::unified_mla_kv_cache_update", mutates_args=("kv_cache",))
-def _mla_update(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, layer_name: str,
-                kv_cache_dtype: str, k_scale: torch.Tensor) -> torch.Tensor:
-    with _caches_in_context(layer_name, kv_cache=kv_cache):
-        return unified_ops.unified_mla_kv_cache_update._init_fn(kv_c, k_pe, layer_name, kv_cache_dtype, k_scale)
-
-
-@_mla_update.register_fake
-def _(kv_c, k_pe, kv_cache, layer_name, kv_cache_dtype, k_scale):
-    return kv_c.new_empty(0)
-
-
-@torch.library.custom_op("mla_fuse_arguments::unified_mla_attention", mutates_args=())
-def _mla_attention(q: torch.Tensor, kv_cache: torch.Tensor, kv_b_weight: torch.Tensor, dummy: torch.Tensor,
-                   layer_name: str, v_head_dim: int) -> torch.Tensor:
-    with _caches_in_context(layer_name, kv_cache=kv_cache):
-        return paged_attention.unified_mla_attention._init_fn(q, kv_b_weight, dummy, layer_name, v_head_dim)
-
-
-@_mla_attention.register_fake
-def _(q, kv_cache, kv_b_weight, dummy, layer_name, v_head_dim):
-    return q.new_empty(q.size(0), q.size(1), v_head_dim)
-
-
-@torch.library.custom_op("mla_fuse_arguments::unified_kv_cache_update", mutates_args=("key_cache", "value_cache"))
-def _mha_update(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                layer_name: str, kv_cache_dtype: str) -> torch.Tensor:
-    with _caches_in_context(layer_name, key_cache=key_cache, value_cache=value_cache):
-        return unified_ops.unified_kv_cache_update._init_fn(key, value, layer_name, kv_cache_dtype)
-
-
-@_mha_update.register_fake
-def _(key, value, key_cache, value_cache, layer_name, kv_cache_dtype):
-    return key.new_empty(0)
-
-
-@torch.library.custom_op("mla_fuse_arguments::unified_attention", mutates_args=())
-def _mha_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, dummy: torch.Tensor,
-                   layer_name: str, v_head_size: int) -> torch.Tensor:
-    with _caches_in_context(layer_name, key_cache=key_cache, value_cache=value_cache):
-        return paged_attention.unified_attention._init_fn(query, dummy, layer_name, v_head_size)
-
-
-@_mha_attention.register_fake
-def _(query, key_cache, value_cache, dummy, layer_name, v_head_size):
-    return query.new_empty(query.size(0), query.size(1), v_head_size)
-
-
-def _mla_attend_with_cache_arguments(self, q, kv_c_normed, k_pe):
-    cache = get_forward_context().layer(self.layer_name)
-    dummy = _mla_update(kv_c_normed, k_pe, cache.kv_cache, self.layer_name, cache.kv_cache_dtype, cache.k_scale)
-    attn = _mla_attention(q, cache.kv_cache, self.kv_b_proj.weight, dummy, self.layer_name, self.v_head_dim)
-    return self.o_proj(attn.flatten(1))
-
-
-def _mha_attend_with_cache_arguments(self, q, k, v):
-    cache = get_forward_context().layer(self.layer_name)
-    dummy = _mha_update(heads(k, self.num_kv_heads, self.head_size), heads(v, self.num_kv_heads, self.head_size),
-                        cache.key_cache, cache.value_cache, self.layer_name, cache.kv_cache_dtype)
-    attn = _mha_attention(heads(q, self.num_heads, self.head_size), cache.key_cache, cache.value_cache, dummy,
-                          self.layer_name, self.head_size)
-    return self.o_proj(attn.flatten(1))
 
 
 def _test_backend_form(gm):
@@ -359,6 +303,11 @@ PASS_MUTANTS = {m.name: m for m in [
                "split of the scattered buffer)",
                _patches((scatter_split_replace.ScatterSplitReplacementPattern, "sole_resplit",
                          staticmethod(_resplit_among_other_splits)))),
+    PassMutant("drops_a_scatter_link_with_other_readers", "an intermediate with other users deleted (a link of "
+               "the scatter chain before the last, read by another op)",
+               _patches((scatter_split_replace.ScatterSplitReplacementPattern, "_rewrite_split",
+                         _chain_read_between_its_links)),
+               unit_test="test_passes_unit:test_scatter_split_replacement_keeps_a_scatter_with_other_users"),
     PassMutant("merges_splits_along_different_dims", "Duplicate splits merged although they split along "
                "different dims", _patches((split_coalescing.SplitCoalescingPattern, "key",
                                            staticmethod(_split_key_without_dim)))),
@@ -388,8 +337,8 @@ PASS_MUTANTS = {m.name: m for m in [
     # (On a hybrid stack over one interleaved pool this design does not even compile: Inductor's
     # decompose_auto_functionalized fails its own assertion, on both backends.)
     PassMutant("caches_enter_the_graph", "A cache copied by functionalization because caches alias",
-               _patches((MLAAttention, "update_and_attend", _mla_attend_with_cache_arguments),
-                        (MHAAttention, "update_and_attend", _mha_attend_with_cache_arguments)),
+               _patches((MLAAttention, "update_and_attend", mla_attend_with_cache_arguments),
+                        (MHAAttention, "update_and_attend", mha_attend_with_cache_arguments)),
                caught_by=(AssertionError, torch._dynamo.exc.BackendCompilerFailed)),
     PassMutant("counts_lost_on_a_cache_hit", "Pass statistics that read 0 when the compiled graph came from a cache",
                _patches((mc.MlaFuseBackend, "_record", _counts_from_the_last_run))),
