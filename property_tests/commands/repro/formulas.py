@@ -53,6 +53,7 @@ BOUNDS = """exact, bound = ({name: torch.full(w.shape, fill, dtype=torch.float64
 """
 
 FP8_IMAGE = """fp8 = {name: torch.zeros(w.shape, dtype=torch.bool) for name, w in want.items()}  # where want holds fp8 codes
+low, high, copies = *({name: w.clone() for name, w in want.items()} for _ in range(2)), []  # codes allowed (§5)
 shown = lambda image, name, i: (  # noqa: E731 - an fp8 element as its code and value, another as its value
     f"code {(c := image.view(torch.uint8)[i:i + 1]).item()} ({c.view(FP8[0]).float().item()!r})" if fp8[name][i]
     else repr(image[i].item()))
@@ -93,9 +94,19 @@ STORE_BOUND = """    for image in (want, exact, bound):  # the source bits; a ro
         at(image, cache)[index] = at(image, source)[written]
 """
 
-STORE_FP8 = """    x = at(want, source)[written].float()  # §3: code = rne_satfinite(float32(x) / scale)
+STORE_FP8 = """    x = at(want, source)[written].float()  # §3: code = rne_satfinite(float32(x) / scale), exactly (§5)
     codes = (x / scale).clamp(-FP8[1], FP8[1]).to(FP8[0]).view(torch.uint8)
-    at(want, cache).view(torch.uint8)[index], at(fp8, cache)[index] = codes, True
+    for image in (want, low, high):
+        at(image, cache).view(torch.uint8)[index] = codes
+    at(fp8, cache)[index] = True
+"""
+
+# a rotated source: any code its §5 bound reaches, and the code of the value the kernel wrote back (checked at the end)
+STORE_FP8_ROTATED = """    e, tol = at(exact, source)[written], at(bound, source)[written]
+    for image, q in ((low, (e - tol) / scale), (high, (e + tol) / scale)):
+        allowed = q.clamp(-FP8[1], FP8[1]).to(FP8[0]).view(torch.uint8)
+        at(image, cache).view(torch.uint8)[index] = torch.where(tol >= 0, allowed, codes)
+    copies.append((cache, index, source, scale, tol >= 0))
 """
 
 # the rows rotated: q and k of every row, or as the implementation declares padded rows (CONTRACT §4)
@@ -146,10 +157,15 @@ JUDGE_BOUND = """    e, tol = exact[name], bound[name]  # a rotated value (tol >
     worse = torch.where(tol >= 0, ((got.double() - e).abs() / tol).nan_to_num(1e300), worse)  # |error| / bound
 """
 
-JUDGE_FP8 = """    if fp8[name].any():  # an fp8 code: as an ordered integer at most one step from the formula's, NaN alike
-        g, w = (torch.where(c > 127, 128 - c, c) for c in (got.view(torch.uint8).long(), want[name].view(torch.uint8).long()))
-        ok[fp8[name]] = (((g - w).abs() <= 1) & ((g.abs() >= NAN_CODE) == (w.abs() >= NAN_CODE)))[fp8[name]]
-        worse[fp8[name]] = (g - w).abs().double()[fp8[name]]  # codes apart
+JUDGE_FP8 = """    if fp8[name].any():  # an fp8 code (§5): the formula's, or for a rotated value one its bound reaches; NaN where the
+        # formula's is NaN; never inf; the sign kept where every allowed code has it. As ordered integers:
+        c = [image.view(torch.uint8).long() for image in (got, want[name], low[name], high[name])]
+        g, w, lo, hi = (torch.where(x > 127, 128 - x, x) for x in c)
+        lo, hi = torch.minimum(torch.minimum(lo, hi), w), torch.maximum(torch.maximum(lo, hi), w)
+        nan, sign = [(x & 127) >= NAN_CODE for x in c], [x > 127 for x in c]
+        kept = ~((sign[1] == sign[2]) & (sign[1] == sign[3]) & (sign[0] != sign[1]))
+        fits = torch.where(nan[0] | nan[1], nan[0] == nan[1], (g >= lo) & (g <= hi) & kept) & ((c[0] & 127) != INF_CODE)
+        ok[fp8[name]], worse[fp8[name]] = fits[fp8[name]], (g - w).abs().double()[fp8[name]]  # worse: codes apart
 """
 
 # the five elements that differ most (worst first), each named as an argument's element (else storage index); the guards
@@ -162,7 +178,21 @@ JUDGE_END = """    views, ids, bad = [arg for arg in owner if owner[arg] == name
             print(f"wrote {{count}} bytes {{where}} of {{'/'.join(views)}}'s storage{crash}")
         wrote += count
     failed += (~ok).sum().item()
-print(f"{{failed}} elements differ from the formula" if failed else "every element conforms to the formula")
+"""
+
+# a fused operation's fp8 cache holds the code of the value it wrote back (§5: fused = its unfused chain)
+JUDGE_COPIES = """got = {name: want[name] if "--reference" in sys.argv else flat.cpu().clone() for name, (_, _, flat) in memory.items()}
+for cache, index, source, scale, rotated in copies:
+    x = at(got, source)[written].float()
+    codes, held = (x / scale).clamp(-FP8[1], FP8[1]).to(FP8[0]).view(torch.uint8), at(got, cache).view(torch.uint8)[index]
+    bad = rotated & (held != codes) & ~(((held & 127) >= NAN_CODE) & ((codes & 127) >= NAN_CODE))
+    for i in bad.nonzero()[:5].tolist():
+        print(f"{cache} entry of {source} row {i}: code {held[tuple(i)].item()}, "
+              f"the written-back value's is {codes[tuple(i)].item()}")
+    failed += bad.sum().item()
+"""
+
+FINISH = """print(f"{failed} elements differ from the formula" if failed else "every element conforms to the formula")
 sys.exit(1 if failed or wrote else 0)
 """
 
@@ -173,7 +203,7 @@ def program(operation: str, fp8: bool, crash: str) -> str:
     """Everything after the kernel call: the inputs rebuilt, ``operation``'s formula, the judgement (with
     the fp8 code rule where the cache holds fp8 codes); ``crash``: what the suite's run died of, or ''."""
     rotating, caching = operation in ROTATING_OPERATIONS, operation in CACHING_OPERATIONS
-    body = STORE_FP8 if fp8 else STORE_BOUND if rotating else STORE_BITS
+    body = (STORE_FP8 + (STORE_FP8_ROTATED if rotating else "")) if fp8 else STORE_BOUND if rotating else STORE_BITS
     scale = "kv_cache_scale" if operation in FUSED_OPERATIONS else "scale"
     scales = {key: text.format(scale) if fp8 else "" for key, text in SCALES.items()}
     mla = "kv_cache" in OPERATION_ARGUMENTS[operation]  # an MLA entry: kv_c's columns, then k_pe's
@@ -186,4 +216,5 @@ def program(operation: str, fp8: bool, crash: str) -> str:
                     JUDGE_FP8 if fp8 else "",
                     JUDGE_END.format(bound_text=BOUND_TEXT if rotating else "", crash=crash_text,
                                      got="shown(got, name, i)" if fp8 else "got[i].item()!r",
-                                     want="shown(want[name], name, i)" if fp8 else "want[name][i].item()!r")]).rstrip()
+                                     want="shown(want[name], name, i)" if fp8 else "want[name][i].item()!r"),
+                    JUDGE_COPIES if fp8 and rotating and caching else "", FINISH]).rstrip()

@@ -148,8 +148,9 @@ def constants(operation: str, case, declaration: dict, device: str) -> list[str]
     lines = lines if len(lines[0]) <= 120 else [f"# {'; '.join(notes)}", line]
     fmt = tensors.fp8_format(case.kv_cache_dtype) if caching else None
     if fmt is not None:
-        lines.append(f"FP8, NAN_CODE = ({tensors.FLOAT8_STORAGE[fmt]}, {ref_fp8.FORMATS[fmt].max_finite!r}), "
-                     f"{0x7D if fmt == 'e5m2' else 0x7F}  # codes' dtype, finite max; magnitudes >= NAN_CODE are NaN")
+        lines.append(f"FP8, NAN_CODE, INF_CODE = ({tensors.FLOAT8_STORAGE[fmt]}, {ref_fp8.FORMATS[fmt].max_finite!r}), "
+                     f"{0x7D if fmt == 'e5m2' else 0x7F}, {0x7C if fmt == 'e5m2' else -1}  # codes' dtype, finite max; "
+                     "magnitudes >= NAN_CODE: NaN, == INF_CODE: inf")
     return lines
 
 
