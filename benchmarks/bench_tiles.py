@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bench_ops  # noqa: E402  (the inputs, byte count, copy and timers of the main benchmark)
 
-from mla_fuse import validation  # noqa: E402
+from mla_fuse import layouts  # noqa: E402
 from mla_fuse.kernels import config, mla_rope_cache  # noqa: E402
 
 OUTPUTS = ("kv_cache", "q_pe", "k_pe")
@@ -54,7 +54,7 @@ def configured(tokens_per_program: int | None, heads_per_program: int | None, wa
 
     def drop():
         mla_rope_cache.launch_config.cache_clear()
-        validation.forget_layouts()
+        layouts.forget_layouts()
 
     drop()
     try:

@@ -5,7 +5,7 @@ strides, devices, and the overlap of written buffers, from metadata). This scrip
 call, for each operation at a decode and a prefill size (DeepSeek-V3 MLA with 16 local heads,
 L = 512, R = 64, bf16, fp8 cache; an MHA layer with H = 32, Hkv = 8, D = 128):
 
-  new       ``validation.check_<op>`` on a layout it has not seen (``forget_layouts()`` first):
+  new       ``validation.check_<op>`` on a layout it has not seen (``layouts.forget_layouts()`` first):
             every sync-free check runs
   layer     ``validation.check_<op>`` on a layout whose shapes it passed at other addresses (in
             an engine the layers of a step after the first, each with its own cache; here
@@ -56,7 +56,7 @@ import timeit
 
 import torch
 
-from mla_fuse import ops, validation
+from mla_fuse import layouts, ops, validation
 from mla_fuse.kernels import config, flash_cache, flash_rope_cache, mla_cache, mla_rope_cache
 from mla_fuse.kernels import rotary_embedding as rope_kernel
 
@@ -107,13 +107,16 @@ def arguments(operation: str, tokens: int, device: str) -> dict:
 
 
 @contextlib.contextmanager
-def replaced(module, name: str, replacement):
-    original = getattr(module, name)
-    setattr(module, name, replacement)
+def replaced(holder, name: str, replacement, entry: bool = False):
+    """``holder.name`` (with ``entry``: ``holder[name]``) replaced for the duration."""
+    get, put = (holder.__getitem__, holder.__setitem__) if entry else (
+        lambda key: getattr(holder, key), lambda key, value: setattr(holder, key, value))
+    original = get(name)
+    put(name, replacement)
     try:
         yield
     finally:
-        setattr(module, name, original)
+        put(name, original)
 
 
 def per_call_us(function, repeats: int, device: str, number: int = 300) -> float:
@@ -135,12 +138,12 @@ LAYERS = 60  # the layers of a step after its first (DeepSeek-V3 has 61)
 def measure(operation: str, tokens: int, device: str, repeats: int) -> dict:
     args = arguments(operation, tokens, device)
     values = list(args.values())
-    check = getattr(validation, f"check_{operation}")
+    check = validation.CHECKERS[operation]
     op = getattr(torch.ops.mla_fuse, operation).default
     wrapper = getattr(ops, operation)
 
     def first_time():
-        validation.forget_layouts()
+        layouts.forget_layouts()
         check(*values)
 
     # the same shapes at other addresses (in an engine another layer's cache; here another slot_mapping,
@@ -149,7 +152,7 @@ def measure(operation: str, tokens: int, device: str, repeats: int) -> dict:
     layers = [[v.clone() if name == moved else v for name, v in args.items()] for _ in range(LAYERS)]
 
     def each_layer():  # the first layer's call passes the shapes, the others are timed
-        validation.forget_layouts()
+        layouts.forget_layouts()
         check(*values)
         start = time.thread_time()
         for layer in layers:
@@ -163,7 +166,7 @@ def measure(operation: str, tokens: int, device: str, repeats: int) -> dict:
     with replaced(LAUNCHERS[operation], "launch", lambda *a, **k: None):
         row["op"] = per_call_us(lambda: op(*values), repeats, device)
         row["wrapper"] = per_call_us(lambda: wrapper(*values), repeats, device)
-        with replaced(validation, f"check_{operation}", lambda *a, **k: None):
+        with replaced(validation.CHECKERS, operation, lambda *a, **k: None, entry=True):
             row["bare"] = per_call_us(lambda: op(*values), repeats, device)
     return row
 
@@ -234,7 +237,7 @@ def launched_rows(device: str, repeats: int) -> dict[str, tuple[float, float]]:
         rows[f"torch.ops.mla_fuse.{LAUNCHED}, through the table, no kept launch"] = host_us(
             lambda: op(*values), device, runs, calls)
     with replaced(mla_rope_cache.launcher, "compiled", _NeverKept()):
-        validation.forget_layouts()  # the plans the rows above kept their launches in
+        layouts.forget_layouts()  # the plans the rows above kept their launches in
         rows[f"torch.ops.mla_fuse.{LAUNCHED}, every launch Triton's run"] = host_us(lambda: op(*values), device,
                                                                                   runs, calls)
     return rows

@@ -1,31 +1,34 @@
 """The five in-place operations of CONTRACT §4 as ``torch.library`` ops (``mla_fuse::*``).
 
-Each operation has one definition: a typed Python function registered by ``_define`` (its
-schema inferred from the signature, every written buffer declared ``Tensor(a!)``), its fake
-right below (in-place ops return nothing, so the fake only checks that the tensors share a
-device; it is also the Meta kernel, so a real call that mixes in a ``meta`` tensor dispatches
-to it), and one public wrapper of the same name and signature plus ``check_values``. The
-op's body validates with ``mla_fuse.validation.check_<op>`` (once per call) and only then
-launches (with the layout's slot the checker returns: a call on known buffers reuses its launch
-plan), so bad input raises before anything is written on every path into a kernel: the
-wrapper, and the ``torch.ops.mla_fuse.<op>`` entry point that compiled graphs call directly
-(docs/INPUTS.md lists the rules). The wrapper first checks what the dispatcher would otherwise
-coerce or reject with a RuntimeError (a non-tensor, ``is_neox`` not a bool, a non-integral
-``head_size``; arguments of the plain Python types cost one lookup), then calls the op with
-value checks switched by ``check_values``. Each wrapper's ``custom_op`` attribute is its
-``torch.ops`` entry point (the suite's bad-input properties call it too).
+Each operation is declared once, in ``mla_fuse.signatures`` (name, typed parameters, the ones it
+writes); ``register`` derives from the declaration its schema (inferred from the declared
+signature, every written buffer ``Tensor(a!)``), its kernels, the version bumps after a call and
+its fake (in-place ops return nothing, so the fake only checks that the tensors share a device;
+it is also the Meta kernel, so a real call that mixes in a ``meta`` tensor dispatches to it).
+The op's body (``_kernel``) validates with its checker, ``validation.CHECKERS[<op>]`` (once per
+call), and only then launches its kernel module's ``launch`` (with the layout's slot the checker
+returns: a call on known buffers reuses its launch plan), so bad input raises before anything is
+written on every path into a kernel: the wrapper, and the ``torch.ops.mla_fuse.<op>`` entry
+point that compiled graphs call directly (docs/INPUTS.md lists the rules).
+
+Each operation has one public wrapper below, of the same name and parameters plus
+``check_values``, written out for its docstring (``_public`` checks its parameters against the
+declaration at import). The wrapper first checks what the dispatcher would otherwise coerce or
+reject with a RuntimeError (a non-tensor, ``is_neox`` not a bool, a non-integral ``head_size``;
+arguments of the plain Python types cost one lookup; ``checked_call``, from the op's schema),
+then calls the op with value checks switched by ``check_values``. Each wrapper's ``custom_op``
+attribute is its ``torch.ops`` entry point (the suite's bad-input properties call it too).
 
 Registration, as vLLM's ``direct_register_custom_op``: a module-level
 ``torch.library.Library("mla_fuse", "DEF")`` that lives as long as the process, ``define`` +
 ``impl`` on the CPU (Triton's interpreter) and CUDA dispatch keys, ``register_fake`` with
 ``lib=``. Not ``torch.library.custom_op``: it wraps every call in a Python autograd layer and
-a Python ADInplaceOrView layer, 17-40 us of host time per call on a 2-core Xeon, where the
-kernel of a decode step takes 3-5 us on an H200 (docs/INPUTS.md, "What a call costs on the
-host"; ``tests/test_dispatch_cost.py`` keeps it out). The schemas, tags and the graphs
-compiled around the ops (``auto_functionalized``, the passes' patterns) are the same as
-under ``custom_op``; the body bumps the written tensors' version counters as its
-ADInplaceOrView layer did. No autograd formula is registered (the ops serve inference; there
-was none before either).
+a Python ADInplaceOrView layer, many times the host time of a small kernel's launch (measured:
+docs/INPUTS.md, "What a call costs on the host"; ``tests/test_dispatch_cost.py`` keeps it out).
+The schemas, tags and the graphs compiled around the ops (``auto_functionalized``, the passes'
+patterns) are the same as under ``custom_op``; the body bumps the written tensors' version
+counters as its ADInplaceOrView layer did. No autograd formula is registered (the ops serve
+inference; there was none before either).
 
 Shared conventions (named dims: ``T`` tokens, ``H`` query heads, ``Hkv`` KV
 heads, ``D`` head size, ``R`` rotary width, ``L`` latent width, ``NB``
@@ -59,172 +62,148 @@ from __future__ import annotations
 
 import inspect
 import itertools
-from typing import Optional
+import operator
+from typing import Callable
 
 import torch
 
-from mla_fuse import validation
+from mla_fuse import signatures, validation
 from mla_fuse.kernels import flash_cache, flash_rope_cache, mla_cache, mla_rope_cache, rotary_embedding as rope_kernel
-
-Tensor = torch.Tensor
 
 # ---------------------------------------------------------------- registration (vLLM's direct_register_custom_op)
 
 _LIBRARY = torch.library.Library("mla_fuse", "DEF")  # module-level: the ops live as long as the process
 _KERNEL_KEYS = ("CPU", "CUDA")  # the interpreter runs CPU tensors, the GPU backend CUDA ones (Meta: the fake)
 
+# operation -> the kernel module whose ``launch`` runs it (written out: docs/STYLE.md 14)
+_KERNELS = {
+    "rotary_embedding": rope_kernel,
+    "concat_and_cache_mla": mla_cache,
+    "concat_and_cache_mla_rope_fused": mla_rope_cache,
+    "reshape_and_cache_flash": flash_cache,
+    "rope_and_reshape_and_cache_flash": flash_rope_cache,
+}
 
-def _define(name: str, *, mutates_args: tuple[str, ...]):
-    """Register the decorated function as ``torch.ops.mla_fuse.<name>``: the schema inferred from its
-    annotations with ``mutates_args`` written (``Tensor(a!)``), the function itself the kernel of
-    the CPU and CUDA dispatch keys, with the mutated arguments' version counters bumped after it
-    (as an aten in-place op does; the kernels write behind autograd's back). No autograd or
-    ADInplaceOrView Python layers: ``torch.library.custom_op`` adds them to every call, tens of
-    microseconds of host time where a small kernel takes a few."""
 
-    def register(kernel):
-        schema = torch.library.infer_schema(kernel, mutates_args=mutates_args)
-        _LIBRARY.define(name + schema, tags=(torch.Tag.pt2_compliant_tag,))
-        parameters = list(inspect.signature(kernel).parameters)
-        written = [parameters.index(argument) for argument in mutates_args]
-        increment_version = torch.autograd.graph.increment_version
+def register(library: torch.library.Library, operation: signatures.Operation, kernel: Callable[[tuple], None]):
+    """Define ``operation`` in ``library`` and return its entry point (``torch.ops.<namespace>.<name>``):
+    the schema inferred from the declared signature, every written parameter ``Tensor(a!)``;
+    ``kernel(args)`` (the arguments as one tuple) the kernel of the CPU and CUDA dispatch keys,
+    with the written arguments' version counters bumped after it (as an aten in-place op does;
+    the kernels write behind autograd's back); the fake (and Meta kernel)
+    ``validation.same_device_check`` (an in-place op returns nothing). No autograd or
+    ADInplaceOrView Python layers: ``torch.library.custom_op`` adds them to every call, many times
+    a small kernel's launch in host time (docs/INPUTS.md)."""
+    name = operation.name
+
+    def prototype(*args) -> None:  # what infer_schema reads: the declared signature
+        pass
+
+    prototype.__signature__ = operation.signature()
+    library.define(name + torch.library.infer_schema(prototype, mutates_args=operation.written),
+                   tags=(torch.Tag.pt2_compliant_tag,))
+    written = tuple(operation.index(parameter) for parameter in operation.written)
+    increment_version = torch.autograd.graph.increment_version
+    if any(parameter.written and parameter.may_be_none for parameter in operation.parameters):
+        def run(*args):
+            kernel(args)
+            increment_version([args[i] for i in written if args[i] is not None])
+    else:  # every written argument a tensor: fetched at once (a tuple of them, or the one)
+        fetch_written = operator.itemgetter(*written)
 
         def run(*args):
-            kernel(*args)
-            increment_version([args[i] for i in written if args[i] is not None])
+            kernel(args)
+            increment_version(fetch_written(args))
 
-        for key in _KERNEL_KEYS:
-            _LIBRARY.impl(name, run, key)
-        return kernel
-
-    return register
-
-
-def _fake(name: str):
-    """Register the decorated function as the fake (and Meta kernel) of ``torch.ops.mla_fuse.<name>``."""
-    return torch.library.register_fake(f"mla_fuse::{name}", lib=_LIBRARY)
+    for key in _KERNEL_KEYS:
+        library.impl(name, run, key)
+    torch.library.register_fake(f"{library.ns}::{name}", validation.same_device_check(operation), lib=library)
+    return getattr(getattr(torch.ops, library.ns), name)
 
 
-# ---------------------------------------------------------------- the operations (one definition each)
+def _kernel(operation: signatures.Operation, module) -> Callable[[tuple], None]:
+    """The op's body, ``run(args)``: ``validation.CHECKERS[name](*args)`` (once per call; it returns
+    the layout's slot, where a call on known buffers finds its launch plan), the kernel's device,
+    then ``module.launch(*args, slot)`` (every ``launch`` takes the slot last) with ``kv_cache_dtype``
+    passed as its fp8 format."""
+    name = operation.name  # validation's functions read when called: tests replace them
+    launched_parameters = tuple(inspect.signature(module.launch).parameters)
+    if len(launched_parameters) != len(operation.names) + 1 or launched_parameters[-1] != "slot":
+        raise TypeError(f"{module.__name__}.launch{launched_parameters} does not take the arguments of {name} "
+                        f"{operation.names} and then the slot")
+    device_name = operation.kernel_device
+    device_index = operation.index(device_name)
+    if "kv_cache_dtype" not in operation.names:
+        def run(args: tuple) -> None:
+            slot = validation.CHECKERS[name](*args)
+            validation.require_kernel_device(name, device_name, args[device_index])
+            module.launch(*args, slot)
+
+        return run
+    dtype = operation.index("kv_cache_dtype")
+
+    def run(args: tuple) -> None:
+        slot = validation.CHECKERS[name](*args)
+        validation.require_kernel_device(name, device_name, args[device_index])
+        launched = [*args, slot]
+        launched[dtype] = validation.fp8_format(launched[dtype])
+        module.launch(*launched)
+
+    return run
 
 
-@_define("rotary_embedding", mutates_args=("query", "key"))
-def _rotary_embedding(positions: Tensor, query: Tensor, key: Optional[Tensor], head_size: int,
-                      cos_sin_cache: Tensor, is_neox: bool) -> None:
-    slot = validation.check_rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
-    validation.require_kernel_device("rotary_embedding", "query", query)
-    rope_kernel.launch(positions, query, key, head_size, cos_sin_cache, is_neox, slot=slot)
-
-
-@_fake("rotary_embedding")
-def _(positions, query, key, head_size, cos_sin_cache, is_neox) -> None:
-    validation.require_same_device("rotary_embedding", positions=positions, query=query, key=key,
-                                   cos_sin_cache=cos_sin_cache)
-
-
-@_define("concat_and_cache_mla", mutates_args=("kv_cache",))
-def _concat_and_cache_mla(kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor, slot_mapping: Tensor, kv_cache_dtype: str,
-                          scale: Tensor) -> None:
-    slot = validation.check_concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale)
-    validation.require_kernel_device("concat_and_cache_mla", "kv_cache", kv_cache)
-    mla_cache.launch(kv_c, k_pe, kv_cache, slot_mapping, validation.fp8_format(kv_cache_dtype), scale, slot=slot)
-
-
-@_fake("concat_and_cache_mla")
-def _(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale) -> None:
-    validation.require_same_device("concat_and_cache_mla", kv_c=kv_c, k_pe=k_pe, kv_cache=kv_cache,
-                                   slot_mapping=slot_mapping, scale=scale)
-
-
-@_define("concat_and_cache_mla_rope_fused", mutates_args=("q_pe", "k_pe", "kv_cache"))
-def _concat_and_cache_mla_rope_fused(positions: Tensor, q_pe: Tensor, k_pe: Tensor, kv_c: Tensor,
-                                     cos_sin_cache: Tensor, is_neox: bool, slot_mapping: Tensor, kv_cache: Tensor,
-                                     kv_cache_dtype: str, kv_cache_scale: Tensor) -> None:
-    slot = validation.check_concat_and_cache_mla_rope_fused(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox,
-                                                            slot_mapping, kv_cache, kv_cache_dtype, kv_cache_scale)
-    validation.require_kernel_device("concat_and_cache_mla_rope_fused", "kv_cache", kv_cache)
-    mla_rope_cache.launch(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, slot_mapping, kv_cache,
-                          validation.fp8_format(kv_cache_dtype), kv_cache_scale, slot=slot)
-
-
-@_fake("concat_and_cache_mla_rope_fused")
-def _(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, slot_mapping, kv_cache, kv_cache_dtype,
-      kv_cache_scale) -> None:
-    validation.require_same_device("concat_and_cache_mla_rope_fused", positions=positions, q_pe=q_pe, k_pe=k_pe,
-                                   kv_c=kv_c, cos_sin_cache=cos_sin_cache, slot_mapping=slot_mapping,
-                                   kv_cache=kv_cache, kv_cache_scale=kv_cache_scale)
-
-
-@_define("reshape_and_cache_flash", mutates_args=("key_cache", "value_cache"))
-def _reshape_and_cache_flash(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
-                             slot_mapping: Tensor, kv_cache_dtype: str, k_scale: Tensor, v_scale: Tensor) -> None:
-    slot = validation.check_reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
-                                                    k_scale, v_scale)
-    validation.require_kernel_device("reshape_and_cache_flash", "key_cache", key_cache)
-    flash_cache.launch(key, value, key_cache, value_cache, slot_mapping, validation.fp8_format(kv_cache_dtype),
-                       k_scale, v_scale, slot=slot)
-
-
-@_fake("reshape_and_cache_flash")
-def _(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale) -> None:
-    validation.require_same_device("reshape_and_cache_flash", key=key, value=value, key_cache=key_cache,
-                                   value_cache=value_cache, slot_mapping=slot_mapping, k_scale=k_scale,
-                                   v_scale=v_scale)
-
-
-@_define("rope_and_reshape_and_cache_flash", mutates_args=("query", "key", "key_cache", "value_cache"))
-def _rope_and_reshape_and_cache_flash(positions: Tensor, query: Tensor, key: Tensor, value: Tensor,
-                                      key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor,
-                                      cos_sin_cache: Tensor, is_neox: bool, kv_cache_dtype: str, k_scale: Tensor,
-                                      v_scale: Tensor) -> None:
-    slot = validation.check_rope_and_reshape_and_cache_flash(positions, query, key, value, key_cache, value_cache,
-                                                             slot_mapping, cos_sin_cache, is_neox, kv_cache_dtype,
-                                                             k_scale, v_scale)
-    validation.require_kernel_device("rope_and_reshape_and_cache_flash", "key_cache", key_cache)
-    flash_rope_cache.launch(positions, query, key, value, key_cache, value_cache, slot_mapping, cos_sin_cache,
-                            is_neox, validation.fp8_format(kv_cache_dtype), k_scale, v_scale, slot=slot)
-
-
-@_fake("rope_and_reshape_and_cache_flash")
-def _(positions, query, key, value, key_cache, value_cache, slot_mapping, cos_sin_cache, is_neox, kv_cache_dtype,
-      k_scale, v_scale) -> None:
-    validation.require_same_device("rope_and_reshape_and_cache_flash", positions=positions, query=query, key=key,
-                                   value=value, key_cache=key_cache, value_cache=value_cache,
-                                   slot_mapping=slot_mapping, cos_sin_cache=cos_sin_cache, k_scale=k_scale,
-                                   v_scale=v_scale)
-
+_ENTRY_POINTS = {operation.name: register(_LIBRARY, operation, _kernel(operation, _KERNELS[operation.name])).default
+                 for operation in signatures.OPERATIONS}
 
 # ---------------------------------------------------------------- public wrappers (argument types, then the op)
 
-_OPERATIONS = ("rotary_embedding", "concat_and_cache_mla", "concat_and_cache_mla_rope_fused",
-               "reshape_and_cache_flash", "rope_and_reshape_and_cache_flash")
-_ENTRY_POINTS = {name: getattr(torch.ops.mla_fuse, name).default for name in _OPERATIONS}
-# per operation: (position, name, schema type) of each argument
-_ARGUMENTS = {name: [(i, a.name, str(a.type)) for i, a in enumerate(op._schema.arguments)]
-              for name, op in _ENTRY_POINTS.items()}
 _TAKEN_AS_GIVEN = {"Tensor": (torch.Tensor,), "Optional[Tensor]": (torch.Tensor, type(None)), "int": (int,),
                    "bool": (bool,), "str": (str,)}
-# per operation: the tuples of argument types the dispatcher takes unchanged (exact types: a bool is no int)
-_PLAIN_TYPES = {name: set(itertools.product(*(_TAKEN_AS_GIVEN[kind] for _, _, kind in arguments)))
-                for name, arguments in _ARGUMENTS.items()}
 
 
-def _call(name: str, arguments: tuple, check_values: bool | None) -> None:
-    """Check what the dispatcher would coerce or reject with a RuntimeError (a non-tensor, ``is_neox``
-    not a bool, a non-integral ``head_size``: ``validation.check_argument_type``), then run
-    ``torch.ops.mla_fuse.<name>``, which validates everything else, with value checks set by
-    ``check_values`` (``None``: ``MLA_FUSE_CHECK_VALUES`` decides). Arguments of the plain types
-    (tensors, a bool, an int, a str) need no check here: one lookup of their types."""
-    if tuple(map(type, arguments)) not in _PLAIN_TYPES[name]:
-        arguments = [validation.check_argument_type(name, argument, arguments[i], kind)
-                     for i, argument, kind in _ARGUMENTS[name]]
-    if check_values is None:
-        _ENTRY_POINTS[name](*arguments)
-        return
-    with validation.checking_values(check_values):
-        _ENTRY_POINTS[name](*arguments)
+def checked_call(entry_point: torch._ops.OpOverload) -> Callable[[tuple, bool | None], None]:
+    """``call(arguments, check_values)``: check what the dispatcher would coerce or reject with a
+    RuntimeError (a non-tensor, ``is_neox`` not a bool, a non-integral ``head_size``:
+    ``validation.check_argument_type``, by the schema's types), then run ``entry_point``, which
+    validates everything else, with value checks set by ``check_values`` (``None``:
+    ``MLA_FUSE_CHECK_VALUES`` decides). Arguments of the plain types (tensors, a bool, an int, a
+    str; exact types: a bool is no int) need no check here: one lookup of their types."""
+    name = entry_point._schema.name.partition("::")[2]
+    arguments = [(i, a.name, str(a.type)) for i, a in enumerate(entry_point._schema.arguments)]
+    plain_types = set(itertools.product(*(_TAKEN_AS_GIVEN[kind] for _, _, kind in arguments)))
+
+    def call(given: tuple, check_values: bool | None) -> None:
+        if tuple(map(type, given)) not in plain_types:
+            given = [validation.check_argument_type(name, argument, given[i], kind) for i, argument, kind in arguments]
+        if check_values is None:
+            entry_point(*given)
+            return
+        with validation.checking_values(check_values):
+            entry_point(*given)
+
+    return call
 
 
+_CHECKED_CALLS = {name: checked_call(entry_point) for name, entry_point in _ENTRY_POINTS.items()}
+
+
+def _public(wrapper):
+    """The public wrapper of the operation it is named after: its parameters are the declared ones
+    plus a keyword-only ``check_values`` (checked here, at import); ``wrapper.custom_op`` is its
+    ``torch.ops`` entry point (the one compiled graphs call; the suite's bad-input properties call
+    it too). The wrapper runs the op through ``_CHECKED_CALLS`` (by name: the suite replaces
+    wrappers in this module to count calls, so a wrapper does not look itself up)."""
+    operation = next(operation for operation in signatures.OPERATIONS if operation.name == wrapper.__name__)
+    parameters = inspect.signature(wrapper).parameters
+    keyword_only = parameters.get("check_values") and parameters["check_values"].kind is inspect.Parameter.KEYWORD_ONLY
+    if tuple(parameters)[:-1] != operation.names or not keyword_only:
+        raise TypeError(f"mla_fuse.ops.{wrapper.__name__}{inspect.signature(wrapper)} does not take the declared "
+                        f"parameters {operation.names} and a keyword-only check_values")
+    wrapper.custom_op = _ENTRY_POINTS[operation.name].overloadpacket
+    return wrapper
+
+
+@_public
 def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox, *,
                      check_values: bool | None = None) -> None:
     """RoPE of ``query`` and ``key`` in place.
@@ -237,9 +216,10 @@ def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox, *
     halves of row ``positions[t]``: fp32 math, one rounding. Elements ``R..head_size``
     are untouched. Mutates ``query`` and ``key``.
     """
-    _call("rotary_embedding", (positions, query, key, head_size, cos_sin_cache, is_neox), check_values)
+    _CHECKED_CALLS["rotary_embedding"]((positions, query, key, head_size, cos_sin_cache, is_neox), check_values)
 
 
+@_public
 def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale, *,
                          check_values: bool | None = None) -> None:
     """Write MLA cache entries ``[kv_c | k_pe]`` (no RoPE).
@@ -252,9 +232,10 @@ def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, sca
     ``stored(x)`` is the bits of ``x`` or ``fp8(clamp(float32(x) / scale))``;
     ``slot = -1`` writes nothing. Mutates ``kv_cache``.
     """
-    _call("concat_and_cache_mla", (kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale), check_values)
+    _CHECKED_CALLS["concat_and_cache_mla"]((kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale), check_values)
 
 
+@_public
 def concat_and_cache_mla_rope_fused(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, slot_mapping, kv_cache,
                                     kv_cache_dtype, kv_cache_scale, *, check_values: bool | None = None) -> None:
     """RoPE of ``q_pe`` and ``k_pe`` in place and the MLA cache write, in one pass.
@@ -270,10 +251,12 @@ def concat_and_cache_mla_rope_fused(positions, q_pe, k_pe, kv_c, cos_sin_cache, 
     ``fp8(clamp(float32(x) / scale))``; ``slot = -1`` writes nothing.
     Mutates ``q_pe``, ``k_pe`` and ``kv_cache``.
     """
-    _call("concat_and_cache_mla_rope_fused", (positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, slot_mapping,
-                                              kv_cache, kv_cache_dtype, kv_cache_scale), check_values)
+    _CHECKED_CALLS["concat_and_cache_mla_rope_fused"](
+        (positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, slot_mapping, kv_cache, kv_cache_dtype, kv_cache_scale),
+        check_values)
 
 
+@_public
 def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale, *,
                             check_values: bool | None = None) -> None:
     """Write MHA key/value heads into flash-layout paged caches (no RoPE).
@@ -286,10 +269,11 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv
     for values, ``stored(x, scale)`` being the bits or ``fp8(clamp(float32(x) / scale))``;
     ``slot = -1`` writes nothing. Mutates ``key_cache`` and ``value_cache``.
     """
-    _call("reshape_and_cache_flash", (key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
-                                      v_scale), check_values)
+    _CHECKED_CALLS["reshape_and_cache_flash"](
+        (key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale), check_values)
 
 
+@_public
 def rope_and_reshape_and_cache_flash(positions, query, key, value, key_cache, value_cache, slot_mapping,
                                      cos_sin_cache, is_neox, kv_cache_dtype, k_scale, v_scale, *,
                                      check_values: bool | None = None) -> None:
@@ -305,10 +289,6 @@ def rope_and_reshape_and_cache_flash(positions, query, key, value, key_cache, va
     ``stored(value[t, h], v_scale[h])``; ``slot = -1`` writes nothing.
     Mutates ``query``, ``key``, ``key_cache`` and ``value_cache``.
     """
-    _call("rope_and_reshape_and_cache_flash", (positions, query, key, value, key_cache, value_cache, slot_mapping,
-                                               cos_sin_cache, is_neox, kv_cache_dtype, k_scale,
-                                               v_scale), check_values)
-
-
-for _name in _OPERATIONS:
-    globals()[_name].custom_op = getattr(torch.ops.mla_fuse, _name)  # the entry point compiled graphs call
+    _CHECKED_CALLS["rope_and_reshape_and_cache_flash"](
+        (positions, query, key, value, key_cache, value_cache, slot_mapping, cos_sin_cache, is_neox, kv_cache_dtype,
+         k_scale, v_scale), check_values)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Collection
 
 import torch
 
@@ -52,13 +53,14 @@ def has_internal_overlap(tensor: torch.Tensor) -> bool:
                                                                                      tensor.stride())
 
 
-def first_overlap(written: dict[str, torch.Tensor | None],
-                  read: dict[str, torch.Tensor | None]) -> tuple[str, str | None] | None:
-    """The first written tensor that overlaps itself, as ``(name, None)``, or that overlaps a later
-    written tensor or any read one, as ``(name, other)``; ``None`` when there is none (``None``
-    arguments are skipped). Raises ``TooHard``."""
+def first_overlap(tensors: dict[str, torch.Tensor | None],
+                  written: Collection[str]) -> tuple[str, str | None] | None:
+    """Of ``tensors`` (the ``written`` ones first, then the read ones), the first written tensor that
+    overlaps itself, as ``(name, None)``, or that overlaps a later written tensor or any read one,
+    as ``(name, other)``; ``None`` when there is none (``None`` arguments are skipped). Raises
+    ``TooHard``."""
     spans = []  # (name, tensor, first and end byte of its allocation), tensors with an element only
-    for name, tensor in (*written.items(), *read.items()):
+    for name, tensor in tensors.items():
         if tensor is not None and tensor.numel():
             storage = tensor.untyped_storage()
             spans.append((name, tensor, storage.data_ptr(), storage.data_ptr() + storage.nbytes()))

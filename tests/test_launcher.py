@@ -136,7 +136,7 @@ def test_a_known_layout_reuses_its_launch_plan_and_every_plan_is_its_layouts(mon
     ``ALIGNED``) from the layout's slot; every plan used equals the one its own arguments give, so a
     slot is never another layout's (the same tensors with another ``is_neox``, the same shapes at
     other strides); ``forget_layouts`` drops the plans with the layouts."""
-    from mla_fuse import ops, validation
+    from mla_fuse import layouts, ops
     from mla_fuse.kernels import config
 
     used = []
@@ -149,13 +149,13 @@ def test_a_known_layout_reuses_its_launch_plan_and_every_plan_is_its_layouts(mon
         return found
 
     monkeypatch.setattr(config, "planned", checking)
-    validation.forget_layouts()
+    layouts.forget_layouts()
     call = ops.concat_and_cache_mla_rope_fused
     first, other_strides = _fused_mla_arguments(), _fused_mla_arguments(packed=False)
     neox = first[:5] + [True] + first[6:]
     for arguments in (first, first, neox, first, other_strides, neox, other_strides):
         call(*arguments)
-    validation.forget_layouts()
+    layouts.forget_layouts()
     call(*first)
     assert [kept for kept, _ in used] == [False, True, False, True, False, True, True, False], used
     assert all(same for _, same in used), used

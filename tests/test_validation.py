@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mla_fuse import validation
+from mla_fuse import layouts, validation
 
 
 def mla_fused_args(T=4, H=2, L=8, R=4, NB=3, B=2, dtype=torch.bfloat16, cache_dtype=None, kv_cache_dtype="auto"):
@@ -383,11 +383,11 @@ def test_a_layout_whose_shapes_passed_elsewhere_is_still_checked_for_overlap(ope
     overlap check for new addresses; that check still rejects a written buffer overlapping another
     argument. Planted and seen failing: the shapes' path skipping the overlap check; one operation given
     another's overlap check."""
-    check = getattr(validation, f"check_{operation}")
+    check = validation.CHECKERS[operation]
     valid, overlapping, names = _shared_shapes_then_overlap(operation)
-    validation.forget_layouts()
+    layouts.forget_layouts()
     check(**valid)
     message = assert_rejected(lambda: check(**overlapping), ValueError, *names)
     assert "overlap" in message
-    validation.forget_layouts()
+    layouts.forget_layouts()
     assert_rejected(lambda: check(**overlapping), ValueError, *names)  # the same verdict from the full checks

@@ -100,7 +100,7 @@ class Constexprs(dict):
 
 def planned(slot: list | None, plan, *args) -> tuple:
     """``plan(*args)``: a launch's ``launcher.Plan`` (grid, sizes and strides, constexprs, ``ALIGNED``;
-    ``()``: nothing to launch), computed once per layout. ``slot`` is ``mla_fuse.validation``'s slot
+    ``()``: nothing to launch), computed once per layout. ``slot`` is ``mla_fuse.layouts``' slot
     for the arguments' layout (a one-element list, the same list for every call whose tensors have
     the same addresses, sizes, strides, dtypes and devices and whose other arguments are equal:
     everything a plan reads, and the addresses the launch it keeps passes), or None (no slot:

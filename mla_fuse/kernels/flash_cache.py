@@ -108,7 +108,7 @@ def launch(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, valu
            slot_mapping: torch.Tensor, fp8_format: str | None, k_scale: torch.Tensor, v_scale: torch.Tensor,
            slot: list | None = None) -> None:
     """Launch on already validated arguments; strides come from the tensors as given. ``slot``:
-    ``mla_fuse.validation``'s slot for these arguments' layout, where their launch plan is kept
+    ``mla_fuse.layouts``' slot for these arguments' layout, where their launch plan is kept
     (``config.planned``)."""
     plan = config.planned(slot, _plan, key, value, key_cache, value_cache, slot_mapping, fp8_format, k_scale,
                           v_scale)

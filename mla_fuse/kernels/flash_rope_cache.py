@@ -162,7 +162,7 @@ def launch(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, valu
            cos_sin_cache: torch.Tensor, is_neox: bool, fp8_format: str | None, k_scale: torch.Tensor,
            v_scale: torch.Tensor, slot: list | None = None) -> None:
     """Launch on already validated arguments; strides come from the tensors as given. ``slot``:
-    ``mla_fuse.validation``'s slot for these arguments' layout, where their launch plan is kept
+    ``mla_fuse.layouts``' slot for these arguments' layout, where their launch plan is kept
     (``config.planned``)."""
     plan = config.planned(slot, _plan, positions, query, key, value, key_cache, value_cache, slot_mapping,
                           cos_sin_cache, is_neox, fp8_format, k_scale, v_scale)

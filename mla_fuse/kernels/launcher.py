@@ -32,7 +32,7 @@ the same arguments, read in each release's source). With a hook registered, or o
 compiled kernel or hooks differ, it calls the runner, so a hook sees every launch.
 
 A launch is described by its layout's ``Plan`` (grid, sizes and strides, constexprs, ``ALIGNED``,
-computed once per layout: ``config.planned``). A plan kept in a validation slot is the plan of one
+computed once per layout: ``config.planned``). A plan kept in a layout's slot is the plan of one
 set of addresses, sizes, strides and dtypes (the slot's key holds them all), so once it has launched
 through the table it keeps the launch itself (``Plan.again``): the device, the compiled kernel and
 its launcher, the grid, and the arguments with every pointer given as its address. A later call of
@@ -108,7 +108,7 @@ class Plan:
     """A layout's launch: ``grid``, the ``sizes`` (sizes and strides, after the tensors in the kernel's
     signature), the ``constexprs`` (a ``config.Constexprs``), ``aligned`` (the ``ALIGNED`` constexpr)
     and ``code_bits`` (the positions of the tensors the kernel stores code bits into: fp8 caches, of
-    either dtype, viewed as ``torch.uint8``). ``kept``: whether it is a validation slot's plan (set by
+    either dtype, viewed as ``torch.uint8``). ``kept``: whether it is a layout slot's plan (set by
     ``config.planned``), the plan of one set of addresses; only such a plan keeps ``again``, its launch
     after its layout's first launch on the GPU (module docstring; None before). Plans are equal when
     they launch the same (``kept`` and ``again`` aside)."""

@@ -106,7 +106,7 @@ launcher = Launcher(mla_cache_kernel)
 def launch(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
            fp8_format: str | None, scale: torch.Tensor, slot: list | None = None) -> None:
     """Launch on already validated arguments; strides come from the tensors as given. ``slot``:
-    ``mla_fuse.validation``'s slot for these arguments' layout, where their launch plan is kept
+    ``mla_fuse.layouts``' slot for these arguments' layout, where their launch plan is kept
     (``config.planned``)."""
     plan = config.planned(slot, _plan, kv_c, k_pe, kv_cache, slot_mapping, fp8_format)
     if plan:

@@ -141,7 +141,7 @@ def launch(positions: torch.Tensor, q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c
            cos_sin_cache: torch.Tensor, is_neox: bool, slot_mapping: torch.Tensor, kv_cache: torch.Tensor,
            fp8_format: str | None, scale: torch.Tensor, slot: list | None = None) -> None:
     """Launch on already validated arguments; strides come from the tensors as given. ``slot``:
-    ``mla_fuse.validation``'s slot for these arguments' layout, where their launch plan is kept
+    ``mla_fuse.layouts``' slot for these arguments' layout, where their launch plan is kept
     (``config.planned``)."""
     plan = config.planned(slot, _plan, positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, slot_mapping,
                           kv_cache, fp8_format)

@@ -117,7 +117,7 @@ launcher = Launcher(rotary_embedding_kernel)
 def launch(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None, head_size: int,
            cos_sin_cache: torch.Tensor, is_neox: bool, slot: list | None = None) -> None:
     """Launch on already validated arguments; strides come from the tensors as given. ``slot``:
-    ``mla_fuse.validation``'s slot for these arguments' layout, where their launch plan is kept
+    ``mla_fuse.layouts``' slot for these arguments' layout, where their launch plan is kept
     (``config.planned``)."""
     plan = config.planned(slot, _plan, positions, query, key, head_size, cos_sin_cache, is_neox)
     if plan:

@@ -20,16 +20,16 @@ Integers in the traced pattern are wildcards for the first match only; torch's
 included) and the matched layer name, and requires an exact match, so head sizes, slice
 bounds, ``is_neox`` and the layer are checked literally.
 
-Cost. Tracing a pattern takes ~0.1-0.3 s (``make_fx`` with Inductor's decompositions). So only
-the rope forms and styles the graph shows are registered (``rope_forms.present``), traced patterns
-are kept for the process (``register_cached``, keyed by everything the pattern depends on), and
-the binding checks that need no shapes run before the re-trace. torch re-traces the search
-pattern with the matched shapes for every candidate match; the layers of a model have the same
-shapes, so within one graph that trace is kept per (pattern, matched shapes) and the next match
-gets a copy with its own layer name put in (``MatchTraces``): one search trace per form and shape,
-not per layer. The replacement is still traced per match (one op, ~0.02 s), so every fused node
-has its own fake values. A pass whose graph has no update it could fuse registers nothing, runs
-no matcher and leaves the graph as it was.
+Cost (docs/STARTUP.md has the figures). Tracing a pattern is slow (``make_fx`` with Inductor's
+decompositions). So only the rope forms and styles the graph shows are registered
+(``rope_forms.present``), traced patterns are kept for the process (``register_cached``, keyed by
+everything the pattern depends on), and the binding checks that need no shapes run before the
+re-trace. torch re-traces the search pattern with the matched shapes for every candidate match;
+the layers of a model have the same shapes, so within one graph that trace is kept per (pattern,
+matched shapes) and the next match gets a copy with its own layer name put in (``MatchTraces``;
+``layer_wildcard``): one search trace per form and shape, not per layer. The replacement is still
+traced per match (one op), so every fused node has its own fake values. A pass whose graph has
+no update it could fuse registers nothing, runs no matcher and leaves the graph as it was.
 Inductor's compile timers (``torch._dynamo.utils.compilation_time_metrics``) get the set-up
 (``SETUP_TIMER``) and the matching (``MATCH_TIMER``).
 
@@ -59,7 +59,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from mla_fuse.passes.aliasing import foreign_readers, parent
 from mla_fuse.passes.config import ALL_KV_CACHE_DTYPES, FusionConfig
 from mla_fuse.passes.fx_utils import call_args
+from mla_fuse.passes.graph_facts import CallForm, table_dtypes, table_lookups  # noqa: F401  (read as pattern_utils.*)
 from mla_fuse.passes.inductor_pass import MlaFusePass
+from mla_fuse.passes.layer_wildcard import LAYER_NAME_ARG, PATTERN_LAYER_NAME, copy_with_layer, layer_name_wildcard
 
 
 # Inductor's compile timers (``torch._dynamo.utils.compilation_time_metrics``, seconds per call).
@@ -90,16 +92,6 @@ def canonicalize(gm: fx.GraphModule) -> None:
 
 def fake_mode() -> FakeTensorMode:
     return FakeTensorMode(allow_non_fake_inputs=False)
-
-
-def table_dtypes(graph: fx.Graph) -> set[torch.dtype]:
-    """dtypes of the cos/sin tables the graph's ropes index (``fp32`` when none is seen)."""
-    dtypes = {node.args[0].meta["val"].dtype for node in table_lookups(graph)}
-    for node in graph.find_nodes(op="call_function", target=torch.ops.higher_order.auto_functionalized):
-        table = node.kwargs.get("cos_sin_cache")
-        if isinstance(table, fx.Node) and "val" in table.meta:
-            dtypes.add(table.meta["val"].dtype)
-    return dtypes or {torch.float32}
 
 
 def no_foreign_readers(match: pm.Match, mutated_names: tuple[str, ...]) -> bool:
@@ -187,32 +179,8 @@ def _inputs_downstream_of_outputs(match: pm.Match) -> bool:
     return False
 
 
-class CallForm(tuple):
-    """How the graph calls an op: ``(positional argument names, keyword argument names)``, so a
-    pattern emits the same call (vLLM's three-argument ``unified_kv_cache_update`` or ours)."""
-
-    @classmethod
-    def of(cls, node: fx.Node) -> "CallForm":
-        names = [arg.name for arg in node.target._schema.arguments]
-        return cls((tuple(names[:len(node.args)]), tuple(sorted(node.kwargs))))
-
-    def call(self, op, **values):
-        positional, keywords = self
-        return op(*(values[name] for name in positional), **{name: values[name] for name in keywords})
-
-
-def table_lookups(graph: fx.Graph) -> list[fx.Node]:
-    """``index``/``index_select`` of a 2-D tensor: where a native rope reads its cos/sin rows."""
-    return [node for target in (torch.ops.aten.index.Tensor, torch.ops.aten.index_select.default)
-            for node in graph.find_nodes(op="call_function", target=target)
-            if isinstance(node.args[0], fx.Node) and node.args[0].meta.get("val") is not None
-            and node.args[0].meta["val"].dim() == 2]
-
-
 _TRACED: dict[tuple, list[pm.PatternEntry]] = {}
 
-LAYER_NAME_ARG = "layer_name"
-PATTERN_LAYER_NAME = "<mla_fuse pattern layer>"  # traced in place of a layer name, then made a wildcard
 
 
 def clear_pattern_cache() -> None:
@@ -257,10 +225,10 @@ class MatchTraces:
             cls.misses += 1
             gm = trace_pattern(fn, args, **kwargs)
             memo[key] = (owner, gm, layer)  # owner kept alive: its id stays unique
-            return _copy_with_layer(gm, layer, layer)
+            return copy_with_layer(gm, layer, layer)
         cls.hits += 1
         _, gm, traced_layer = cached
-        return _copy_with_layer(gm, traced_layer, layer)
+        return copy_with_layer(gm, traced_layer, layer)
 
 
 def _value_key(value) -> tuple:
@@ -275,18 +243,6 @@ def _value_key(value) -> tuple:
 
 def _size_key(size):
     return size.node.expr if isinstance(size, torch.SymInt) else size
-
-
-def _copy_with_layer(gm: fx.GraphModule, traced: str, layer: str) -> fx.GraphModule:
-    """A copy of ``gm`` (torch renames its placeholders in place) with the string ``traced`` as an
-    argument replaced by ``layer``."""
-    graph = fx.Graph()
-    graph.output(graph.graph_copy(gm.graph, {}))
-    if traced != layer:
-        for node in graph.nodes:
-            node.args = tuple(layer if isinstance(a, str) and a == traced else a for a in node.args)
-            node.kwargs = {k: layer if isinstance(v, str) and v == traced else v for k, v in node.kwargs.items()}
-    return fx.GraphModule(gm, graph)
 
 
 # torch 2.13 added ``register_replacement(..., pattern_name=)`` (a label for Inductor's per-pattern
@@ -348,40 +304,11 @@ def register_cached(pattern, key: tuple, patterns: pm.PatternMatcherPass,
                                     scratch, extra_check=pattern.extra_check, **_pattern_name_option(pattern.name))
         entries = [entry for listed in scratch.patterns.values() for entry in listed]
         for entry in entries:
-            entry.pattern = _layer_name_wildcard(entry.pattern, pm.KeywordArg(LAYER_NAME_ARG))
+            entry.pattern = layer_name_wildcard(entry.pattern, pm.KeywordArg(LAYER_NAME_ARG))
             entry.extra_check = _checked_first(precheck, entry.extra_check)
         _TRACED[key] = entries
     for entry in entries:
         entry.register(patterns)
-
-
-def _layer_name_wildcard(pattern: pm.PatternExpr, wildcard: pm.PatternExpr) -> pm.MultiOutputPattern:
-    """``pattern`` with ``PATTERN_LAYER_NAME`` literals replaced by ``wildcard`` (in place)."""
-    seen: set[int] = set()
-    replaced = 0
-
-    def visit(node) -> None:
-        nonlocal replaced
-        if not isinstance(node, pm.PatternExpr) or id(node) in seen:
-            return
-        seen.add(id(node))
-        if isinstance(node, pm.MultiOutputPattern):
-            for output in node.outputs:
-                visit(output)
-        if isinstance(node, pm._TargetArgsExpr):
-            if PATTERN_LAYER_NAME in node.args or PATTERN_LAYER_NAME in node.kwargs.values():
-                node.args = tuple(wildcard if a == PATTERN_LAYER_NAME else a for a in node.args)
-                node.kwargs = {k: wildcard if v == PATTERN_LAYER_NAME else v for k, v in node.kwargs.items()}
-                node.flat_args_kwargs = node.flatten(node.args, node.kwargs)
-                replaced += 1
-            for child in (*node.args, *node.kwargs.values()):
-                visit(child)
-
-    visit(pattern)
-    if not replaced or not isinstance(pattern, pm.MultiOutputPattern):
-        raise ValueError(f"mla_fuse pattern: expected a multi-output pattern naming {PATTERN_LAYER_NAME!r} "
-                         f"(the layer_name argument), got {pattern}")
-    return pattern
 
 
 def _checked_first(precheck, check):
