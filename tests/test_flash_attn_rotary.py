@@ -16,6 +16,7 @@ sdist ``.tar.gz``, unpacked here into a temporary directory); otherwise skipped,
 from __future__ import annotations
 
 import os
+import pathlib
 import sys
 import tarfile
 
@@ -243,3 +244,47 @@ def test_mla_fuse_verify_runs_it_on_one_models_deployments(flash_attn_root, veri
                                                                   else {}))
     assert code == 0 and report["verdict"] == "PASS", report["deployments"]
     assert {entry["verdict"] for entry in report["deployments"]} == {"pass"}, report["deployments"]
+
+
+# ---------------------------------------------------------------- the confirmed defect, by its second routes
+
+REPRODUCER = pathlib.Path(__file__).parents[1] / "docs" / "upstream" / "flash-attn-rotary-int32-offsets.py"
+
+
+def test_rows_2_31_elements_past_x_wrap_in_the_gpu_compile_too(flash_attn):
+    """The suite's ``test_query_rows_a_huge_stride_apart`` crashes the worker under the interpreter. A GPU's
+    compile does the same arithmetic: a batch stride that fits in int32 is passed as ``i32``
+    (``mangle_type``), and line 51 ``X = X + pid_batch * stride_x_batch`` is an ``i32`` multiply feeding
+    ``tt.addptr`` (the TTIR of a CUDA target, built without a GPU): 2 * (2^30 + 1) wraps to -2^31 + 2."""
+    pytest.importorskip("triton.backends.nvidia.compiler", reason="Triton's CUDA backend builds the TTIR")
+    import subprocess
+
+    from mla_fuse_conformance.adapters.flash_attn_rotary import ROTARY_FILE, package_dir
+
+    assert torch.tensor(2, dtype=torch.int32) * torch.tensor(2 ** 30 + 1, dtype=torch.int32) == -2 ** 31 + 2
+    script = pathlib.Path(__file__).parent / "data" / "flash_attn_rotary_ttir.py"
+    result = subprocess.run([sys.executable, str(script), str(package_dir() / ROTARY_FILE)], capture_output=True,
+                            text=True, timeout=300, env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert lines[0] == "stride_x_batch = 1073741825 is passed as i32 (triton.runtime.jit.mangle_type)", lines
+    product = lines[1].split(" = ")[0]
+    assert lines[1].startswith(f"{product} = arith.muli %pid_batch, %stride_x_batch : i32"), lines
+    assert f"tt.addptr %X, {product} : !tt.ptr<f16>, i32" in lines[2], lines
+
+
+@INTERPRETER_ONLY
+def test_the_standalone_reproducer_exits_1_on_the_defect_and_0_with_reference(flash_attn):
+    """``docs/upstream/flash-attn-rotary-int32-offsets.py``: rows a 2^30 + 1 stride apart, the third written
+    2^31 elements before x (inside the reproducer's buffer); with ``--reference`` (torch's rotation) it passes."""
+    import subprocess
+
+    from mla_fuse_conformance.adapters.flash_attn_rotary import ROTARY_FILE, package_dir
+
+    codes = {}
+    for flags in ((), ("--reference",)):
+        result = subprocess.run([sys.executable, str(REPRODUCER), "--file", str(package_dir() / ROTARY_FILE), *flags],
+                                capture_output=True, text=True, timeout=300)
+        codes[flags] = (result.returncode, result.stdout)
+    assert codes[()][0] == 1 and "rows rotated as torch rotates them: [True, True, False]" in codes[()][1], codes
+    assert codes[("--reference",)][0] == 0, codes
