@@ -25,7 +25,8 @@ When the suite is in use it
   one, loads ``mla_fuse.ci`` under ``CI=true``, else ``mla_fuse.dev``;
 * where there is no GPU and ``TRITON_INTERPRET`` is unset, sets ``TRITON_INTERPRET=1`` before the
   implementation is imported, so an adapter's ``@triton.jit`` kernels run under Triton's interpreter
-  as the suite's own do (``devices.interpret_triton_without_a_gpu``);
+  as the suite's own do, and corrects the interpreter's artifacts for every kernel of the session
+  (``devices.triton_kernels_for_the_run``; ``running/interpreter_corrections.py`` lists them);
 * with ``--mla-fuse-shrink-seconds=S`` (``mla-fuse verify`` gives it in the dev profile), stops
   hypothesis' shrinking of a failing property after ``S`` seconds (``profiles.bound_shrinking``: hypothesis'
   own stop for slow shrinking, sooner), and marks such a failure ``shrinking`` cut short;
@@ -131,7 +132,7 @@ def start_suite(config) -> None:
         config.addinivalue_line("filterwarnings", line)
     profiles.register()
     profiles.select_default(explicit=config.getoption("hypothesis_profile", None) is not None)
-    devices.interpret_triton_without_a_gpu()  # before the adapter is imported
+    devices.triton_kernels_for_the_run()  # before the adapter is imported
     if config.getoption("mla_fuse_shrink_seconds", None) is not None:
         try:
             profiles.bound_shrinking(config.getoption("mla_fuse_shrink_seconds"))

@@ -2,7 +2,7 @@
 docs/THIRD_PARTY.md is the report).
 
 Fixed cases of each operation against the reference; under Triton's interpreter, that the exact fp8
-conversion (``running/foreign_kernels.py``, shared with vllm-triton) is needed and hides no planted
+conversion (``running/interpreter_corrections.py``, shared with vllm-triton) is needed and hides no planted
 kernel bug; the declared limits. A few seconds under the interpreter.
 
 Where FlagGems comes from: ``$MLA_FUSE_FLAGGEMS_PATH`` (a directory an unpacked flag-gems wheel was unzipped

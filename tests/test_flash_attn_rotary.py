@@ -4,8 +4,9 @@ docs/THIRD_PARTY.md is the report).
 Loading (nothing of flash-attn imported, ``sys.modules`` and ``os.environ`` unchanged); the mapping of a
 contract case onto flash-attn's decode-step form, on hand-computed values for each pairing; fixed cases
 against CONTRACT §5's bound; planted kernel bugs the same checks catch; the declared limit refused; and,
-under Triton's interpreter, the bfloat16 correction of ``exact_interpreter_casts`` shown needed and hiding
-no truncating kernel. A few seconds under the interpreter.
+under Triton's interpreter, the bfloat16 correction of ``corrected_interpreter``
+(``running/interpreter_corrections.py``) shown needed and hiding no truncating kernel; the confirmed defect by
+its second routes. About 30 s under the interpreter.
 
 Where flash-attn comes from: ``$MLA_FUSE_FLASH_ATTN_PATH`` (a directory holding ``flash_attn/``: the unpacked
 sdist's ``flash_attn-2.8.3.post2/``), else the installed package, else ``$MLA_FUSE_FLASH_ATTN_SDIST`` (the

@@ -2,7 +2,7 @@
 the report).
 
 Fixed cases against CONTRACT §5's bound; the declared limits; and, under Triton's interpreter, the bfloat16
-corrections of ``exact_interpreter_casts`` (``running/foreign_kernels.py``): on planted values the
+corrections of ``corrected_interpreter`` (``running/interpreter_corrections.py``): on planted values the
 interpreter truncates fp32 -> bf16 and computes bf16 arithmetic on bit patterns, the corrected one rounds
 to nearest even as a GPU does, a kernel that itself truncates still truncates (no false pass), and Liger
 needs the correction (no false failure). A few seconds under the interpreter.
@@ -127,12 +127,9 @@ def _arithmetic(x, y, out, n: tl.constexpr):
 
 
 def _run(kernel, exact, *args):
-    from mla_fuse_conformance.running.foreign_kernels import exact_interpreter_casts
+    from mla_fuse_conformance.running.interpreter_corrections import corrected_interpreter, uncorrected_interpreter
 
-    if exact:
-        with exact_interpreter_casts():
-            kernel[(1,)](*args)
-    else:
+    with corrected_interpreter() if exact else uncorrected_interpreter():
         kernel[(1,)](*args)
 
 

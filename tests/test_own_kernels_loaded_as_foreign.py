@@ -4,7 +4,7 @@ through the same path").
 The adapters of vllm-triton, flaggems and liger load a project's kernel source with
 ``running/foreign_kernels.py`` (``load_jit_functions``: ``ast``, decorators checked and dropped, the
 definitions compiled alone with the real ``triton`` and ``tl``, built for our backend) and run it under
-``exact_interpreter_casts`` (the interpreter's fp8/bf16 conversions and bf16 arithmetic made a GPU's).
+``corrected_interpreter`` (the interpreter's fp8/bf16 conversions and bf16 arithmetic made a GPU's).
 Here the same loader reads ``mla_fuse/kernels/*.py``: the ``@jit`` helpers of ``conversions.py``,
 ``indexing.py`` and ``rotation.py``, each file given exactly the helpers it imports, then the kernel of
 each operation; the module's ``launcher`` is replaced by one launching the loaded kernel and
@@ -22,7 +22,6 @@ sign in the rotation, a multiplication by the fp8 scale) must fail the same chec
 from __future__ import annotations
 
 import ast
-import contextlib
 import pathlib
 
 import pytest
@@ -34,7 +33,8 @@ from mla_fuse import ops
 from mla_fuse.kernels import INTERPRETED, flash_cache, flash_rope_cache, mla_cache, mla_rope_cache
 from mla_fuse.kernels import rotary_embedding as rope_kernel
 from mla_fuse_conformance.judging import comparisons
-from mla_fuse_conformance.running.foreign_kernels import exact_interpreter_casts, load_jit_functions
+from mla_fuse_conformance.running.foreign_kernels import load_jit_functions
+from mla_fuse_conformance.running.interpreter_corrections import corrected_interpreter, uncorrected_interpreter
 from mla_fuse_reference import ops as ref
 from mla_fuse_reference import rope as ref_rope
 
@@ -197,7 +197,7 @@ def _bits(tensor):
 def run(operation, arguments, kernel=None, monkeypatch=None, corrected=True):
     """The arguments after ``mla_fuse.ops.<operation>`` ran on copies of them: with our kernel, or with
     ``kernel`` in its place (the module's ``launcher`` replaced by Triton's ``kernel[grid](...)``) under
-    ``exact_interpreter_casts`` (without it: ``corrected=False``)."""
+    ``corrected_interpreter`` (without it: ``corrected=False``)."""
     copies = [a.clone() if isinstance(a, torch.Tensor) else a for a in arguments]
     if kernel is None:
         getattr(ops, operation)(*copies)
@@ -209,7 +209,7 @@ def run(operation, arguments, kernel=None, monkeypatch=None, corrected=True):
 
     with monkeypatch.context() as patch:
         patch.setattr(module, "launcher", launcher)
-        with exact_interpreter_casts() if corrected else contextlib.nullcontext():
+        with corrected_interpreter() if corrected else uncorrected_interpreter():
             getattr(ops, operation)(*copies)
     return copies
 

@@ -2,7 +2,10 @@
 ``TRITON_INTERPRET`` set by the user: ``mla-fuse verify`` sets ``TRITON_INTERPRET=1`` before the adapter is
 imported (``running.devices.interpret_triton_without_a_gpu``), so the kernel runs under Triton's
 interpreter as the suite's own do, and the header says so. Before, every example raised ``RuntimeError: 0
-active drivers ([]). There should only be one.`` and the report blamed the kernel.
+active drivers ([]). There should only be one.`` and the report blamed the kernel. The kernel uses what
+Triton's interpreter gets wrong (a mask of a block and a scalar comparison, bfloat16 arithmetic): the run
+corrects it as it corrects its own (``running/interpreter_corrections.py``), and a planted bug (scale 1.5)
+is still found.
 """
 
 from __future__ import annotations
@@ -24,23 +27,24 @@ SCALE = {scale}
 
 
 @triton.jit
-def scale_first(x_ptr, scale, n, BLOCK: tl.constexpr):
+def scale_first(x_ptr, n, flag, SCALE: tl.constexpr, BLOCK: tl.constexpr):
     offsets = tl.arange(0, BLOCK)
-    mask = offsets < n
+    mask = (offsets < n) & (flag > 0)  # a mixed-width mask: the interpreter raises on it uncorrected
     values = tl.load(x_ptr + offsets, mask=mask)
-    tl.store(x_ptr + offsets, tl.where(offsets == 0, values * scale, values), mask=mask)
+    scaled = values * tl.full([BLOCK], SCALE, tl.bfloat16)  # bf16 arithmetic: on bit patterns uncorrected
+    tl.store(x_ptr + offsets, tl.where(offsets == 0, scaled, values), mask=mask)
 
 
 class TeamKernel(ReferenceImplementation):
     """The reference rope, then the team's kernel over the query's first row (a no-op at scale 1)."""
-    capabilities = {{"dtypes": ("float32",), "query_ranks": ("3",)}}
+    capabilities = {{"dtypes": ("bfloat16",), "query_ranks": ("3",)}}
     concat_and_cache_mla = concat_and_cache_mla_rope_fused = None
     reshape_and_cache_flash = rope_and_reshape_and_cache_flash = None
 
     def rotary_embedding(self, positions, query, key, head_size, cos_sin_cache, is_neox):
         super().rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
         if query.numel() and query.is_contiguous():
-            scale_first[(1,)](query, SCALE, query[0].numel(), BLOCK=1024)
+            scale_first[(1,)](query, query[0].numel(), 1, SCALE=SCALE, BLOCK=1024)
 '''
 
 

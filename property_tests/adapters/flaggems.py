@@ -34,7 +34,7 @@ alone under the file's name and line numbers with the real ``triton`` and ``tl``
   interpreter.
 
 Backend: the one ``mla_fuse.kernels`` chose for the process (``InterpretedFunction`` or ``JITFunction``); no
-setting changes. Under the interpreter the fp8 conversions are made exact (``exact_interpreter_casts``,
+setting changes. Under the interpreter the fp8 conversions are made exact (``corrected_interpreter``,
 triton#8322), as for vllm-triton, and the rope's fp32 -> bf16 store rounds to nearest even as on a GPU
 (the interpreter truncates); on a GPU nothing is replaced.
 
@@ -65,8 +65,9 @@ import triton.language as tl
 from mla_fuse import kernels as mla_fuse_kernels
 
 from mla_fuse_conformance.contract.capabilities import Capabilities
-from mla_fuse_conformance.running.foreign_kernels import (exact_interpreter_casts, find_package, load_jit_functions,
-                                                          module_constants, package_version)
+from mla_fuse_conformance.running.foreign_kernels import (find_package, load_jit_functions, module_constants,
+                                                          package_version)
+from mla_fuse_conformance.running.interpreter_corrections import corrected_interpreter, uncorrected_interpreter
 
 PATH_ENV_VAR = "MLA_FUSE_FLAGGEMS_PATH"
 NOT_FOUND = (f"FlagGems is not found: set {PATH_ENV_VAR} to a directory holding flag_gems/ (`pip download --no-deps "
@@ -129,7 +130,7 @@ class FlagGemsImplementation:
     rounding = "single"  # fp32 products and sum (cos/sin loaded as fp32), one rounding on store
     padded_rows = "rotated"  # no fused operation: rope has no slot mapping
     checks_inputs = False  # asserts and a few ValueErrors, not the contract's checks
-    exact_fp8_store = True  # under the interpreter, exact float conversions (running/foreign_kernels.py)
+    exact_fp8_store = True  # under the interpreter, exact float conversions (running/interpreter_corrections.py)
     capabilities = CAPABILITIES
 
     def __init__(self, sources: dict[str, str] | None = None) -> None:
@@ -144,10 +145,7 @@ class FlagGemsImplementation:
     def _launch(self, name, grid, *args, **kwargs):
         kernel = self.kernels[name]
         if self.interpreted:
-            if self.exact_fp8_store:
-                with exact_interpreter_casts():
-                    kernel[grid](*args, **kwargs)
-            else:
+            with corrected_interpreter() if self.exact_fp8_store else uncorrected_interpreter():
                 kernel[grid](*args, **kwargs)
         else:
             with torch.cuda.device(args[0].device):  # torch_device_fn.device(...)

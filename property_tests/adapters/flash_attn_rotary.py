@@ -64,9 +64,10 @@ picks the tensor's GPU) raises for a CPU tensor (``TypeError``: the index is Non
 the wrapper's ``torch`` is torch with ``cuda.device`` a context that does nothing (``_torch_for_the_cpu``);
 every other statement is run as written, and on a GPU the wrapper sees torch itself.
 
-Under the interpreter each call runs in ``exact_interpreter_casts``: the kernel widens bfloat16 x and tables to
-fp32 (the interpreter flushes bfloat16 subnormals) and stores fp32 into bfloat16 (the interpreter truncates);
-the context makes both what a GPU does. On a GPU nothing is replaced.
+Under the interpreter each call runs in ``corrected_interpreter`` (``running/interpreter_corrections.py``):
+the kernel widens bfloat16 x and tables to fp32 (the interpreter flushes bfloat16 subnormals) and stores fp32
+into bfloat16 (the interpreter truncates); the context makes both what a GPU does. On a GPU nothing is
+replaced.
 
 Declared (``CAPABILITIES``), each what ``apply_rotary`` asserts (``flash_attn/ops/triton/rotary.py``):
 ``headdim <= 256`` (line 138: "Only support headdim <= 256"): head sizes 2 to 256. The other asserts hold for
@@ -89,8 +90,8 @@ import triton.language as tl
 from mla_fuse import kernels as mla_fuse_kernels
 
 from mla_fuse_conformance.contract.capabilities import Capabilities
-from mla_fuse_conformance.running.foreign_kernels import (exact_interpreter_casts, find_package, load_functions,
-                                                          load_jit_functions)
+from mla_fuse_conformance.running.foreign_kernels import find_package, load_functions, load_jit_functions
+from mla_fuse_conformance.running.interpreter_corrections import corrected_interpreter, uncorrected_interpreter
 
 PATH_ENV_VAR = "MLA_FUSE_FLASH_ATTN_PATH"
 NOT_FOUND = (f"flash-attn is not found: set {PATH_ENV_VAR} to a directory holding flash_attn/ (the sdist "
@@ -185,11 +186,7 @@ class FlashAttnRotaryImplementation:
                 continue
             heads = x.shape[1] // head_size if x.dim() == 2 else x.shape[1]
             seqlen_offsets, x = engine_form(positions, x, heads, head_size)
-            if self.interpreted and self.exact_bf16:
-                with exact_interpreter_casts():
-                    self.apply_rotary(x, cos, sin, seqlen_offsets=seqlen_offsets, interleaved=not is_neox,
-                                      inplace=True)
-            else:
+            with corrected_interpreter() if self.exact_bf16 else uncorrected_interpreter():
                 self.apply_rotary(x, cos, sin, seqlen_offsets=seqlen_offsets, interleaved=not is_neox, inplace=True)
 
 

@@ -26,7 +26,7 @@ exactly ``@triton.jit``) is compiled alone under the file's name and line number
 ``rope_forward`` with its helper ``_resolve_rotary_dim`` is compiled from the same file and run as written,
 with that kernel as its ``_triton_rope``.
 
-Under the interpreter, each call runs in ``exact_interpreter_casts``: Liger computes in the table's dtype, so
+Under the interpreter, each call runs in ``corrected_interpreter``: Liger computes in the table's dtype, so
 with a bfloat16 table the rotation is bfloat16 arithmetic, which the interpreter runs on the bit patterns,
 and with an fp32 table the store narrows fp32 to bfloat16, which the interpreter truncates; the context
 makes both what a GPU does (round to nearest even). On a GPU nothing is replaced.
@@ -60,8 +60,9 @@ import triton.language as tl
 from mla_fuse import kernels as mla_fuse_kernels
 
 from mla_fuse_conformance.contract.capabilities import Capabilities
-from mla_fuse_conformance.running.foreign_kernels import (exact_interpreter_casts, find_package, load_functions,
-                                                          load_jit_functions, package_version)
+from mla_fuse_conformance.running.foreign_kernels import (find_package, load_functions, load_jit_functions,
+                                                          package_version)
+from mla_fuse_conformance.running.interpreter_corrections import corrected_interpreter, uncorrected_interpreter
 
 PATH_ENV_VAR = "MLA_FUSE_LIGER_PATH"
 NOT_FOUND = (f"Liger-Kernel is not found: set {PATH_ENV_VAR} to a directory holding liger_kernel/ (`pip download "
@@ -124,10 +125,7 @@ class LigerImplementation:
         rows = cos_sin_cache[positions]  # bypass: positions are gathered here, not by the kernel
         cos, sin = rows[:, :rotary_dim // 2], rows[:, rotary_dim // 2:]
         hf_query, hf_key = query.unsqueeze(0).transpose(1, 2), key.unsqueeze(0).transpose(1, 2)
-        if self.interpreted and self.exact_bf16:
-            with exact_interpreter_casts():
-                rotated = self.rope_forward(hf_query, hf_key, cos, sin, rotary_dim=rotary_dim)[:2]
-        else:
+        with corrected_interpreter() if self.exact_bf16 else uncorrected_interpreter():
             rotated = self.rope_forward(hf_query, hf_key, cos, sin, rotary_dim=rotary_dim)[:2]
         for target, out in zip((query, key), rotated):
             out = out.transpose(1, 2)[0]

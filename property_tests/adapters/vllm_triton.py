@@ -37,7 +37,7 @@ The launch (``_launch``) mirrors ``triton_reshape_and_cache_flash`` of the same 
   ignores them).
 * ``is_quantized_kv_cache`` (``vllm/utils/torch_utils.py``) is mirrored, not imported.
 
-fp8 under the interpreter (``exact_interpreter_casts``, shared: ``running/foreign_kernels.py``). The fp8 path divides by the scale and lets
+fp8 under the interpreter (``corrected_interpreter``, shared: ``running/interpreter_corrections.py``). The fp8 path divides by the scale and lets
 ``tl.store`` convert to the cache's fp8 type ("tl.store will do the correct implicit cast to fp8",
 the kernel's comment). On a GPU that conversion is Triton's code generation: round to nearest even,
 saturating at the finite max (what CONTRACT §3 asks). Triton's interpreter gets it wrong
@@ -72,7 +72,8 @@ from mla_fuse import kernels as mla_fuse_kernels
 from mla_fuse_conformance.contract.capabilities import Capabilities
 from mla_fuse_conformance.contract.implementation import kernel_version
 from mla_fuse_conformance.declarations.dtypes import KV_CACHE_DTYPES
-from mla_fuse_conformance.running.foreign_kernels import exact_interpreter_casts, load_jit_functions
+from mla_fuse_conformance.running.foreign_kernels import load_jit_functions
+from mla_fuse_conformance.running.interpreter_corrections import corrected_interpreter, uncorrected_interpreter
 
 KERNEL_FILE = "v1/attention/ops/triton_reshape_and_cache_flash.py"  # inside the vllm package
 KERNEL_NAME = "reshape_and_cache_kernel_flash"
@@ -161,10 +162,7 @@ class VllmTritonImplementation:
 
     def reshape_and_cache_flash(self, key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
                                 v_scale):
-        if self.interpreted and self.exact_fp8_store:
-            with exact_interpreter_casts():
-                self._launch(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale)
-        else:
+        with corrected_interpreter() if self.exact_fp8_store else uncorrected_interpreter():
             self._launch(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale)
 
     def _launch(self, key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale):

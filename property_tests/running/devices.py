@@ -17,6 +17,8 @@ import os
 
 import torch
 
+from mla_fuse_conformance.running import interpreter_corrections
+
 DEVICE_ENV_VAR = "MLA_FUSE_DEVICE"
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # a CPU thread count the user set: left as it is
 
@@ -51,6 +53,15 @@ def interpret_triton_without_a_gpu() -> str:
         return "the GPU"
     os.environ[INTERPRET_ENV_VAR] = "1"
     return f"Triton's interpreter ({INTERPRET_ENV_VAR}=1, set by mla-fuse: no GPU)"
+
+
+def triton_kernels_for_the_run() -> str:
+    """Where this run's Triton kernels run (``interpret_triton_without_a_gpu``: before an adapter is imported),
+    and Triton's interpreter corrected for every kernel it runs, a team's included
+    (``interpreter_corrections.correct_for_the_run``; nothing changes on a GPU). Returns the header's line."""
+    where = interpret_triton_without_a_gpu()
+    interpreter_corrections.correct_for_the_run()
+    return where
 
 
 # ------------------------------------------------------------------ CPU threads of parallel processes

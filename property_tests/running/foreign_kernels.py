@@ -2,7 +2,7 @@
 
 Shared by the adapters that verify a third party's Triton kernels (``adapters/vllm_triton.py``,
 ``adapters/flaggems.py``, ``adapters/liger.py``; adapters are leaves and import no other adapter, so
-what they share lives here). Two pieces:
+what they share lives here). What it has:
 
 ``load_jit_functions`` parses a kernel file with ``ast``, takes the named function definitions,
 checks their decorators are exactly the ones expected, drops them, and compiles those definitions
@@ -17,22 +17,9 @@ a file the same way (a project's launch wrapper, run as its project wrote it, wi
 here handed in as a global). ``tests/test_own_kernels_loaded_as_foreign.py`` runs mla_fuse's own kernels
 through both pieces (docs/THIRD_PARTY.md, "Our own kernels through the same path").
 
-``exact_interpreter_casts``: Triton's interpreter converts floats to fp8 wrongly
-(triton-lang/triton#8322: ties rounded up, 500 stored as 256, overflow and NaN stored as finite
-codes or NaN at random), flushes bfloat16 subnormals to zero when it widens them to fp32, and
-narrows fp32 (and fp16, through fp32) to bfloat16 by truncating: 1 + 2^-8 + 2^-10 is stored as 1.0
-where a GPU stores 1.0078125. It also holds bfloat16 as its uint16 bits and runs arithmetic on
-those bits (``x * y`` of two bfloat16 tensors multiplies the bit patterns; Triton's debugging guide:
-the interpreter "does not support operations on bfloat16", triton#10919). On a GPU these are
-Triton's code generation: conversions round to nearest even, fp8 saturating at the finite max (what
-CONTRACT §3 asks), and bfloat16 add, sub and mul are correctly rounded. Within the context, the
-interpreter does these exactly: bf16 -> fp32 (the bits shifted); fp32 -> bf16 in its default
-rounding (torch's round to nearest even; an explicit ``fp_downcast_rounding="rtz"`` still truncates);
-fp32/fp16/bf16 -> fp8 E4M3FN/E5M2 (torch's round to nearest even after clamping to the finite max;
-NaN kept); and elementwise binary and unary operations on bfloat16 operands (computed on their fp32
-values, the result rounded to nearest even: for add, sub and mul the correctly rounded bf16 result).
-Every other conversion and operation is Triton's own; ``tl.fma``, ``tl.dot`` and reductions of
-bfloat16 are not corrected (no adapted kernel uses them).
+Under Triton's interpreter the artifacts of the interpreter itself (fp8 and bfloat16 conversions, bfloat16
+arithmetic, comparison results) are corrected for every kernel of a run, these included:
+``running/interpreter_corrections.py``.
 """
 
 from __future__ import annotations
@@ -40,20 +27,11 @@ from __future__ import annotations
 import ast
 import importlib.metadata
 import importlib.util
-import os
-import contextlib
-import functools
 import linecache
+import os
 import pathlib
 
-import numpy as np
-import torch
 import triton
-import triton.language as tl
-
-# fp8 format (torch dtype) -> largest finite magnitude
-FINITE_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
-TRITON_FP8 = {tl.float8e4nv: torch.float8_e4m3fn, tl.float8e5: torch.float8_e5m2}
 
 
 def load_jit_functions(path: pathlib.Path, decorated: dict[str, list[str]], namespace: dict, interpreted: bool,
@@ -127,84 +105,6 @@ def module_constants(path: pathlib.Path, names: tuple[str, ...], namespace: dict
     if missing:
         raise ImportError(f"{path}: no module-level {missing}")
     return found
-
-
-# ---------------------------------------------------------------- the interpreter's float conversions
-
-
-def _widened(data: np.ndarray, dtype) -> np.ndarray:
-    """fp32/fp16/bf16 interpreter data (bf16 is held as uint16) as float32, exactly."""
-    if dtype == tl.bfloat16:
-        bits = np.frombuffer(data.tobytes(), dtype=np.uint16).astype(np.uint32) << 16
-        return bits.view(np.float32).reshape(data.shape)
-    return data.astype(np.float32)
-
-
-def _bf16_bits(values: np.ndarray) -> np.ndarray:
-    """float32 ``values`` rounded to nearest even as bfloat16, held as the interpreter holds it (uint16)."""
-    wide = torch.from_numpy(np.array(values, dtype=np.float32).reshape(-1))  # a copy: frombuffer is read-only
-    return wide.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16).reshape(np.shape(values))
-
-
-def exact_convert_float(original, data, input_dtype, output_dtype, rounding_mode):
-    """Triton's ``interpreter._convert_float`` with the conversions above done exactly (module
-    docstring); any other conversion goes to ``original``."""
-    from triton._C.libtriton import ir
-
-    if input_dtype == tl.bfloat16 and output_dtype == tl.float32:
-        return _widened(data, input_dtype).view(np.uint32)
-    if input_dtype == tl.float32 and output_dtype == tl.bfloat16 and rounding_mode in (None, ir.ROUNDING_MODE.RTNE):
-        return _bf16_bits(np.frombuffer(data.tobytes(), dtype=np.float32).reshape(data.shape))
-    fp8 = TRITON_FP8.get(output_dtype)
-    if (fp8 is not None and input_dtype in (tl.float32, tl.float16, tl.bfloat16)
-            and rounding_mode in (None, ir.ROUNDING_MODE.RTNE)):
-        values = torch.from_numpy(np.ascontiguousarray(_widened(data, input_dtype)))
-        limit = FINITE_MAX[fp8]
-        return values.clamp(-limit, limit).to(fp8).view(torch.uint8).numpy().reshape(data.shape)
-    return original(data, input_dtype, output_dtype, rounding_mode)
-
-
-def _bf16_binary_op(builder, original, lhs, rhs, op):
-    """``InterpreterBuilder.binary_op`` computing on the values of bfloat16 operands (module docstring)."""
-    if lhs.dtype.scalar != tl.bfloat16 or rhs.dtype.scalar != tl.bfloat16:
-        return original(builder, lhs, rhs, op)
-    from triton.runtime.interpreter import TensorHandle
-
-    result = np.asarray(op(_widened(lhs.data, tl.bfloat16), _widened(rhs.data, tl.bfloat16)))
-    return TensorHandle(_bf16_bits(result) if result.dtype == np.float32 else result, tl.bfloat16)
-
-
-def _bf16_unary_op(builder, original, arg, op):
-    """``InterpreterBuilder.unary_op`` computing on the values of a bfloat16 operand."""
-    if arg.dtype.scalar != tl.bfloat16:
-        return original(builder, arg, op)
-    from triton.runtime.interpreter import TensorHandle
-
-    result = np.asarray(op(_widened(arg.data, tl.bfloat16)))
-    return TensorHandle(_bf16_bits(result) if result.dtype == np.float32 else result, tl.bfloat16)
-
-
-@contextlib.contextmanager
-def exact_interpreter_casts():
-    """Within: the interpreter converts as ``exact_convert_float`` and computes on bfloat16 values
-    (module docstring); restored on exit."""
-    from triton.runtime import interpreter
-
-    builder = interpreter.InterpreterBuilder
-    originals = interpreter._convert_float, builder.binary_op, builder.unary_op
-
-    def binary_op(self, lhs, rhs, op):
-        return _bf16_binary_op(self, originals[1], lhs, rhs, op)
-
-    def unary_op(self, arg, op):
-        return _bf16_unary_op(self, originals[2], arg, op)
-
-    interpreter._convert_float = functools.partial(exact_convert_float, originals[0])
-    builder.binary_op, builder.unary_op = binary_op, unary_op
-    try:
-        yield
-    finally:
-        interpreter._convert_float, builder.binary_op, builder.unary_op = originals
 
 
 def find_package(name: str, env_var: str, marker: str, not_found: str, wheel: str) -> pathlib.Path:

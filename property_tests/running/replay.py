@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--impl", help="replay against this implementation instead of the recorded one")
     parser.add_argument("--device", help="replay on this device instead of the recorded one")
     options = parser.parse_args(argv)
-    devices.interpret_triton_without_a_gpu()  # as the run did, before the adapter is imported
+    devices.triton_kernels_for_the_run()  # as the run did, before the adapter is imported
     try:
         record = load(options.file)
     except (OSError, ValueError) as error:

@@ -31,9 +31,9 @@ OUTSIDE = "outside declared limits"
 def run_compare(impl_specs: list[str], operations: list[str], cases: int, profile: str,
                 report_dir: pathlib.Path, seed: int) -> int:
     from mla_fuse_conformance.contract.implementation import ImplementationError, load_implementation
-    from mla_fuse_conformance.running.devices import interpret_triton_without_a_gpu, select_device
+    from mla_fuse_conformance.running.devices import select_device, triton_kernels_for_the_run
 
-    interpret_triton_without_a_gpu()  # before an adapter is imported, as verify does
+    triton_kernels_for_the_run()  # before an adapter is imported, as verify does
     try:
         impls = [load_implementation(spec) for spec in impl_specs]
     except ImplementationError as error:

@@ -248,7 +248,7 @@ def run_verify(impl_spec: str | None, profile: str, report_dir: pathlib.Path, wo
                known: baseline.Known | None = None, write_known: pathlib.Path | None = None,
                map_seconds: float = maps.DEFAULT_SECONDS) -> int:
     started_at, started = datetime.datetime.now(datetime.timezone.utc), time.monotonic()
-    triton_kernels = devices.interpret_triton_without_a_gpu()  # before the adapter is imported
+    triton_kernels = devices.triton_kernels_for_the_run()  # before the adapter is imported
     try:
         impl = load_implementation(impl_spec, require)
     except ImplementationError as error:
