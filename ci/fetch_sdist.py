@@ -2,8 +2,8 @@
 
 For a project whose kernel files are read from its sdist (flash-attn: no wheel without CUDA). ``pip download
 --no-binary :all:`` runs the sdist's setup.py to read its metadata (flash-attn's imports torch, wheel and
-packaging, and may try to build), so the file is fetched as the index lists it instead (PyPI's simple API in JSON, PEP 691: what pip
-reads) and checked against the sha256 the index publishes. Nothing is built or
+packaging, and may try to build), so the file is fetched as the index lists it instead (PyPI's simple API in
+JSON, PEP 691: what pip reads) and checked against the sha256 the index publishes. Nothing is built or
 installed. A file already in DIR with that digest is kept. Exit status 1 (a line on stderr) when the
 release has no sdist, the download fails or the digest differs.
 """

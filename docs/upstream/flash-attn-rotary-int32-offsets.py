@@ -12,11 +12,12 @@ batch stride is 2^30 + 1 elements (rows of a larger buffer): row 2 starts 2^31 +
 stride fits in int32, so Triton passes it as an i32 and ``rotary_kernel`` line 51 ``X = X + pid_batch *
 stride_x_batch`` multiplies two i32: for pid_batch 2 the product wraps to -2^31 + 2. Row 2 is read and
 written 2^31 elements before x instead. The buffer holds 2^31 elements before x as well, so the wrapped
-write lands inside it (no crash; 12 GiB of address space, only the pages touched are allocated) and is
+write lands inside it (no crash; 8 GiB of address space, only the pages touched are allocated) and is
 seen: row 2 is not rotated, and 8 elements 2^31 before it changed.
 
 Exit 1: row 2 not rotated, or memory outside the rows changed (the defect). Exit 0: all three rows rotated
-as torch rotates them and nothing else written. Exit 2: the kernel file is missing, or the call raised. --reference rotates
+as torch rotates them and nothing else written. Exit 2: the kernel file is missing, the 8 GiB buffer cannot be
+had, or the call raised. --reference rotates
 with torch in place of the kernel, to show the check passes. float16 throughout: the interpreter's float16
 arithmetic is numpy's, correctly rounded, so the interpreter adds no error of its own to this case.
 """
@@ -93,7 +94,12 @@ def main() -> int:
         return 2
     device = "cuda" if torch.cuda.is_available() else "cpu"
     base = 2 ** 31  # x starts this many elements into the buffer: a wrapped row address stays inside it
-    buffer = torch.empty(base + 2 * STRIDE + 8, dtype=torch.float16, device=device)  # untouched pages: not allocated
+    try:
+        # untouched pages are not allocated: a few MiB of the 8 GiB are
+        buffer = torch.empty(base + 2 * STRIDE + 8, dtype=torch.float16, device=device)
+    except (RuntimeError, MemoryError) as error:  # torch.OutOfMemoryError is a RuntimeError
+        print(f"no 8 GiB buffer here: {error}")
+        return 2
     x = torch.as_strided(buffer, (3, 1, 1, 8), (STRIDE, 8, 8, 1), base)
     wrapped = buffer[base + 2 * STRIDE - 2 ** 32: base + 2 * STRIDE - 2 ** 32 + 8]  # row 2's address, wrapped
     wrapped.fill_(SENTINEL)

@@ -147,7 +147,8 @@ def load_apply_rotary(package: pathlib.Path, interpreted: bool, source: str | No
     path = package / ROTARY_FILE
     kernel = load_jit_functions(path, {KERNEL_NAME: ["triton.jit"]}, {"triton": triton, "tl": tl}, interpreted,
                                 source)[KERNEL_NAME]
-    namespace = {"torch": _torch_for_the_cpu() if interpreted else torch, "triton": triton, "Optional": Optional, "Union": Union, KERNEL_NAME: kernel}
+    namespace = {"torch": _torch_for_the_cpu() if interpreted else torch, "triton": triton, "Optional": Optional,
+                 "Union": Union, KERNEL_NAME: kernel}
     return load_functions(path, (WRAPPER_NAME,), namespace, source)[WRAPPER_NAME]
 
 
