@@ -144,8 +144,10 @@ def summarize(outcomes: list[dict], spec: str) -> dict[str, OperationSummary]:
         if metrics.get("impl") != spec:
             metrics = {}
         prop = property_of(line["nodeid"], properties)
+        # a failure, or a deployment the declarations leave out, counts for its property's operations
+        declared_out = line["outcome"] == "skipped" and str(line.get("reason", "")).startswith(report_json.UNSUPPORTED)
         operations = (metrics.get("operations") or (line.get("failure") or {}).get("operations")
-                      or (prop.operations if prop is not None and line["outcome"] == "failed"
+                      or (prop.operations if prop is not None and (line["outcome"] == "failed" or declared_out)
                           else [other_row(line["nodeid"])]))
         for operation in operations:
             summary = summaries.setdefault(operation, OperationSummary())
