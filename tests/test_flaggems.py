@@ -20,9 +20,9 @@ import torch
 from mla_fuse.kernels import INTERPRETED
 from mla_fuse_reference import fp8 as ref_fp8
 from mla_fuse_reference import ops as ref
+from third_party_helpers import DEVICE, adapter_loader, randn
 
 PATH_ENV_VAR, WHEEL_ENV_VAR = "MLA_FUSE_FLAGGEMS_PATH", "MLA_FUSE_FLAGGEMS_WHEEL"
-DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRETED else "cpu"
 SENTINEL = 0x5A
 # values whose fp8 E4M3 code the interpreter's own conversion gets wrong (triton-lang/triton#8322)
 KNOWN = [1.0625, 464.0, 500.0, -1000.0, float("nan"), 3 * 2.0 ** -10, 1.0, -0.0, 0.3]
@@ -37,21 +37,11 @@ def flaggems_root(third_party_root):
 @pytest.fixture
 def flaggems(flaggems_root, monkeypatch):
     """A loader of the adapter: ``flaggems(sources=None, **attributes)``."""
-    if flaggems_root is not None:
-        monkeypatch.setenv(PATH_ENV_VAR, flaggems_root)
     from mla_fuse_conformance.adapters.flaggems import FlagGemsImplementation
 
-    def load(sources=None, **attributes):
-        impl = FlagGemsImplementation(sources)
-        for name, value in attributes.items():
-            setattr(impl, name, value)
-        return impl
-    return load
+    return adapter_loader(FlagGemsImplementation, flaggems_root, PATH_ENV_VAR, monkeypatch, "sources")
 
 
-def _randn(*shape, dtype, seed, scale=4.0):
-    generator = torch.Generator().manual_seed(seed)
-    return (torch.randn(*shape, generator=generator) * scale).to(dtype).to(DEVICE)
 
 
 def _bits(tensor):
@@ -74,8 +64,8 @@ def _within_bound(got, want, inputs):
 def test_rotary_embedding_fixed_cases(flaggems, dtype, heads, kv_heads, head_size, rotary_dim, is_neox, rank):
     impl = flaggems()
     tokens = 5
-    query = _randn(tokens, heads, head_size, dtype=dtype, seed=1)
-    key = _randn(tokens, kv_heads, head_size, dtype=dtype, seed=2)
+    query = randn(tokens, heads, head_size, dtype=dtype, seed=1)
+    key = randn(tokens, kv_heads, head_size, dtype=dtype, seed=2)
     if rank == 2:
         query, key = query.reshape(tokens, -1), key.reshape(tokens, -1)
     angles = torch.arange(32, dtype=torch.float64)[:, None] * 10000.0 ** (-torch.arange(0, rotary_dim, 2) / rotary_dim)
@@ -96,8 +86,8 @@ FLAGGEMS_SPELLING = {"fp8_e4m3": "fp8e4m3", "fp8_e5m2": "fp8e5m2"}
 
 
 def _mla(impl, kv_cache_dtype, dtype, cache_dtype, latent, rotary_dim, slots, scale):
-    kv_c = _randn(len(slots) + 1, latent, dtype=dtype, seed=3)
-    k_pe = _randn(len(slots) + 1, rotary_dim, dtype=dtype, seed=4)
+    kv_c = randn(len(slots) + 1, latent, dtype=dtype, seed=3)
+    k_pe = randn(len(slots) + 1, rotary_dim, dtype=dtype, seed=4)
     shape = (3, 4, latent + rotary_dim)
     cache = (torch.full(shape, SENTINEL, dtype=torch.uint8, device=DEVICE).view(cache_dtype)
              if cache_dtype.itemsize == 1 else torch.full(shape, 7.0, dtype=cache_dtype, device=DEVICE))
@@ -125,8 +115,8 @@ def test_concat_and_cache_mla_fixed_cases(flaggems, kv_cache_dtype, dtype, cache
 ])
 def test_reshape_and_cache_flash_fixed_cases(flaggems, dtype, kv_cache_dtype, heads, head_size, slots):
     impl = flaggems()
-    key = _randn(len(slots) + 1, heads, head_size, dtype=dtype, seed=5)
-    value = _randn(len(slots) + 1, heads, head_size, dtype=dtype, seed=6)
+    key = randn(len(slots) + 1, heads, head_size, dtype=dtype, seed=5)
+    value = randn(len(slots) + 1, heads, head_size, dtype=dtype, seed=6)
     caches = [torch.full((4, 4, heads, head_size), 7.0, dtype=dtype, device=DEVICE) for _ in range(2)]
     slots = torch.tensor(slots, device=DEVICE)
     one = torch.ones(1, device=DEVICE)
@@ -153,7 +143,7 @@ def test_vllms_fp8_names_are_refused_before_anything_is_written(flaggems, kv_cac
     vLLM's own names of the fp8 formats: a vLLM deployment with ``--kv-cache-dtype fp8_e4m3`` fails there
     (a served deployment, ``SERVES``). Before, the adapter translated the names, which the patch does not."""
     cache = torch.full((3, 4, 12), SENTINEL, dtype=torch.uint8, device=DEVICE)
-    kv_c, k_pe = _randn(2, 8, dtype=torch.bfloat16, seed=3), _randn(2, 4, dtype=torch.bfloat16, seed=4)
+    kv_c, k_pe = randn(2, 8, dtype=torch.bfloat16, seed=3), randn(2, 4, dtype=torch.bfloat16, seed=4)
     with pytest.raises(ValueError, match=f"Unsupported kv_cache_dtype: {kv_cache_dtype}"):
         flaggems().concat_and_cache_mla(kv_c, k_pe, cache, torch.tensor([3, 0], device=DEVICE), kv_cache_dtype,
                                         torch.ones(1, device=DEVICE))
@@ -164,7 +154,7 @@ def test_the_flash_write_raises_after_writing_fp8_as_the_patch_does(flaggems):
     """The patch's ``FlashAttentionImpl.forward`` raises NotImplementedError for fp8 after the write, which
     ignores the format: the cache is already written (the limit's check finds it ``unguarded: stray write``)."""
     caches = [torch.zeros(4, 4, 2, 64, dtype=torch.uint8, device=DEVICE) for _ in range(2)]
-    key = _randn(1, 2, 64, dtype=torch.bfloat16, seed=5)
+    key = randn(1, 2, 64, dtype=torch.bfloat16, seed=5)
     one = torch.ones(1, device=DEVICE)
     with pytest.raises(NotImplementedError, match="FP8 quantization is not yet supported"):
         flaggems().reshape_and_cache_flash(key, key.clone(), *caches, torch.tensor([5], device=DEVICE), "fp8", one, one)

@@ -27,9 +27,9 @@ import torch
 from mla_fuse.kernels import INTERPRETED
 from mla_fuse_conformance.judging.comparisons import rope_bound, rotation_terms
 from mla_fuse_reference.rope import rope_exact
+from third_party_helpers import DEVICE, adapter_loader, randn, rope_table
 
 PATH_ENV_VAR, SDIST_ENV_VAR = "MLA_FUSE_FLASH_ATTN_PATH", "MLA_FUSE_FLASH_ATTN_SDIST"
-DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRETED else "cpu"
 TIE_BREAKER = 1 + 2.0 ** -8 + 2.0 ** -10  # bf16: 1.0078125 to nearest even, 1.0 truncated
 INTERPRETER_ONLY = pytest.mark.skipif(not INTERPRETED, reason="the bf16 corrections apply under the interpreter only")
 
@@ -59,27 +59,13 @@ def flash_attn_root(tmp_path_factory):
 @pytest.fixture
 def flash_attn(flash_attn_root, monkeypatch):
     """A loader of the adapter: ``flash_attn(source=None, **attributes)``."""
-    if flash_attn_root is not None:
-        monkeypatch.setenv(PATH_ENV_VAR, flash_attn_root)
     from mla_fuse_conformance.adapters.flash_attn_rotary import FlashAttnRotaryImplementation
 
-    def load(source=None, **attributes):
-        impl = FlashAttnRotaryImplementation(source)
-        for name, value in attributes.items():
-            setattr(impl, name, value)
-        return impl
-    return load
+    return adapter_loader(FlashAttnRotaryImplementation, flash_attn_root, PATH_ENV_VAR, monkeypatch)
 
 
-def _table(rotary_dim, dtype, rows=32):
-    inv_freq = 10000.0 ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
-    angles = torch.arange(rows, dtype=torch.float64)[:, None] * inv_freq
-    return torch.cat([angles.cos(), angles.sin()], dim=-1).to(dtype).to(DEVICE)
 
 
-def _randn(*shape, dtype, seed):
-    generator = torch.Generator().manual_seed(seed)
-    return (torch.randn(*shape, generator=generator) * 4).to(dtype).to(DEVICE)
 
 
 def _outside_bound(got, before, positions, table, head_size, is_neox):
@@ -97,8 +83,8 @@ def test_loading_imports_nothing_of_flash_attn_and_changes_no_setting(flash_attn
 
     def load_and_call():
         impl = flash_attn()
-        query = _randn(2, 1, 8, dtype=torch.float32, seed=0)
-        impl.rotary_embedding(torch.tensor([1, 0], device=DEVICE), query, query.clone(), 8, _table(8, torch.float32),
+        query = randn(2, 1, 8, dtype=torch.float32, seed=0)
+        impl.rotary_embedding(torch.tensor([1, 0], device=DEVICE), query, query.clone(), 8, rope_table(8, torch.float32),
                               True)
         return impl
 
@@ -148,12 +134,12 @@ def test_fixed_cases_within_the_contracts_bound(flash_attn, dtype, table_dtype, 
                                                 rotary_dim, rank, strided, is_neox, key):
     tokens, extra = 5, 8 if strided else 0
     row = (heads, head_size) if rank == 3 else (heads * head_size,)  # [T, H, D] or [T, H * D]
-    parent = _randn(tokens, *row[:-1], row[-1] + extra, dtype=dtype, seed=1)
+    parent = randn(tokens, *row[:-1], row[-1] + extra, dtype=dtype, seed=1)
     query = parent[..., :row[-1]]  # strided: a token (rank 2) or head (rank 3) stride past the row
-    key_in = _randn(tokens, kv_heads, head_size, dtype=dtype, seed=2) if key else None
+    key_in = randn(tokens, kv_heads, head_size, dtype=dtype, seed=2) if key else None
     if rank == 2 and key_in is not None:
         key_in = key_in.reshape(tokens, -1)
-    table = _table(rotary_dim, table_dtype)
+    table = rope_table(rotary_dim, table_dtype)
     positions = torch.tensor([0, 31, 7, 7, 12], device=DEVICE)
     parent_in, query_in = parent.clone(), query.clone()
     got_key = None if key_in is None else key_in.clone()
@@ -184,8 +170,8 @@ def test_a_planted_kernel_bug_is_caught(flash_attn, bug):
     written, planted_line = PLANTED[bug]
     assert source.count(written) == 1, f"rotary.py changed: update the planted bug {bug!r}"
     planted = source.replace(written, planted_line)
-    positions, table = torch.tensor([3, 0, 9], device=DEVICE), _table(16, torch.float32)
-    query = _randn(3, 2, 16, dtype=torch.float32, seed=8)
+    positions, table = torch.tensor([3, 0, 9], device=DEVICE), rope_table(16, torch.float32)
+    query = randn(3, 2, 16, dtype=torch.float32, seed=8)
     for is_neox in (True, False):
         counts = []
         for source_text in (None, planted):
@@ -201,10 +187,10 @@ def test_the_declared_limit_is_apply_rotarys_assert_and_refused_before_writing(f
     impl = flash_attn()
     assert impl.capabilities["rotary_embedding"].head_sizes == tuple(range(2, 257))
     assert (impl.rounding, impl.padded_rows, impl.checks_inputs) == ("single", "rotated", False)
-    query = _randn(2, 1, 258, dtype=torch.float32, seed=3)
+    query = randn(2, 1, 258, dtype=torch.float32, seed=3)
     before = query.clone()
     with pytest.raises(AssertionError, match="Only support headdim <= 256"):
-        impl.rotary_embedding(torch.tensor([0, 1], device=DEVICE), query, None, 258, _table(8, torch.float32), True)
+        impl.rotary_embedding(torch.tensor([0, 1], device=DEVICE), query, None, 258, rope_table(8, torch.float32), True)
     assert torch.equal(query, before)
 
 

@@ -22,9 +22,9 @@ import triton.language as tl
 from mla_fuse.kernels import INTERPRETED
 from mla_fuse_conformance.judging.comparisons import rope_bound, rotation_terms
 from mla_fuse_reference.rope import rope_exact
+from third_party_helpers import DEVICE, adapter_loader, randn, rope_table
 
 PATH_ENV_VAR, WHEEL_ENV_VAR = "MLA_FUSE_LIGER_PATH", "MLA_FUSE_LIGER_WHEEL"
-DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRETED else "cpu"
 TIE_BREAKER = 1 + 2.0 ** -8 + 2.0 ** -10  # bf16: 1.0078125 to nearest even, 1.0 truncated
 INTERPRETER_ONLY = pytest.mark.skipif(not INTERPRETED, reason="the bf16 corrections apply under the interpreter only")
 
@@ -38,27 +38,13 @@ def liger_root(third_party_root):
 @pytest.fixture
 def liger(liger_root, monkeypatch):
     """A loader of the adapter: ``liger(source=None, **attributes)``."""
-    if liger_root is not None:
-        monkeypatch.setenv(PATH_ENV_VAR, liger_root)
     from mla_fuse_conformance.adapters.liger import LigerImplementation
 
-    def load(source=None, **attributes):
-        impl = LigerImplementation(source)
-        for name, value in attributes.items():
-            setattr(impl, name, value)
-        return impl
-    return load
+    return adapter_loader(LigerImplementation, liger_root, PATH_ENV_VAR, monkeypatch)
 
 
-def _table(rotary_dim, dtype, rows=32):
-    inv_freq = 10000.0 ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
-    angles = torch.arange(rows, dtype=torch.float64)[:, None] * inv_freq
-    return torch.cat([angles.cos(), angles.sin()], dim=-1).to(dtype).to(DEVICE)
 
 
-def _randn(*shape, dtype, seed):
-    generator = torch.Generator().manual_seed(seed)
-    return (torch.randn(*shape, generator=generator) * 4).to(dtype).to(DEVICE)
 
 
 def _outside_bound(got, before, positions, table, head_size):
@@ -80,12 +66,12 @@ def test_fixed_cases_within_the_contracts_bound(liger, dtype, table_dtype, heads
                                                 rank, strided):
     impl = liger()
     tokens = 5
-    parent = _randn(tokens, heads, head_size + (8 if strided else 0), dtype=dtype, seed=1)
+    parent = randn(tokens, heads, head_size + (8 if strided else 0), dtype=dtype, seed=1)
     query = parent[..., :head_size] if strided else parent
-    key = _randn(tokens, kv_heads, head_size, dtype=dtype, seed=2)
+    key = randn(tokens, kv_heads, head_size, dtype=dtype, seed=2)
     if rank == 2:
         query, key = query.reshape(tokens, -1), key.reshape(tokens, -1)
-    table = _table(rotary_dim, table_dtype)
+    table = rope_table(rotary_dim, table_dtype)
     positions = torch.tensor([0, 31, 7, 7, 12], device=DEVICE)
     parent_in, query_in, key_in = parent.clone(), query.clone(), key.clone()
     impl.rotary_embedding(positions, query, key, head_size, table, True)
@@ -101,9 +87,9 @@ def test_the_declared_limits_and_the_glues_refusal(liger):
     impl = liger()
     assert impl.capabilities["rotary_embedding"].describe(True) == ["style: not gptj", "key: not none"]
     assert impl.rounding == "per_op"
-    query = _randn(2, 1, 8, dtype=torch.float32, seed=3)
+    query = randn(2, 1, 8, dtype=torch.float32, seed=3)
     with pytest.raises(ValueError, match="is_neox=False"):
-        impl.rotary_embedding(torch.tensor([0, 1], device=DEVICE), query, query.clone(), 8, _table(8, torch.float32),
+        impl.rotary_embedding(torch.tensor([0, 1], device=DEVICE), query, query.clone(), 8, rope_table(8, torch.float32),
                               False)
 
 
@@ -155,7 +141,7 @@ def test_a_kernel_that_truncates_still_truncates_under_the_correction():
 
 @INTERPRETER_ONLY
 def test_bf16_arithmetic_runs_on_bit_patterns_and_the_correction_on_values():
-    x, y = _randn(64, dtype=torch.bfloat16, seed=4), _randn(64, dtype=torch.bfloat16, seed=5)
+    x, y = randn(64, dtype=torch.bfloat16, seed=4), randn(64, dtype=torch.bfloat16, seed=5)
     want = -(x * y - y) + x  # torch: each operation on the values, rounded to nearest even
     results = {}
     for exact in (False, True):
@@ -185,8 +171,8 @@ def test_liger_needs_the_correction_and_it_hides_no_truncating_kernel(liger):
         firsts[exact] = query[0, 0, 0].item()
     assert firsts == {False: 1.0, True: 1.0078125}, firsts
     # a bf16 table: bf16 arithmetic; on bit patterns the result is far outside the bound (a false failure)
-    query, key = _randn(3, 2, 16, dtype=torch.bfloat16, seed=6), _randn(3, 1, 16, dtype=torch.bfloat16, seed=7)
-    table, positions = _table(16, torch.bfloat16), torch.tensor([3, 0, 9], device=DEVICE)
+    query, key = randn(3, 2, 16, dtype=torch.bfloat16, seed=6), randn(3, 1, 16, dtype=torch.bfloat16, seed=7)
+    table, positions = rope_table(16, torch.bfloat16), torch.tensor([3, 0, 9], device=DEVICE)
     for exact in (False, True):
         got = query.clone()
         liger(exact_bf16=exact).rotary_embedding(positions, got, key.clone(), 16, table, True)

@@ -1,0 +1,37 @@
+"""What the tests of third-party adapters share (tests/test_flaggems.py, test_liger.py, test_flash_attn_rotary.py):
+a loader of an adapter pointed at the project's files, a rope table and seeded inputs."""
+
+from __future__ import annotations
+
+import torch
+
+from mla_fuse.kernels import INTERPRETED
+
+DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRETED else "cpu"
+
+
+def adapter_loader(adapter_class, root: str | None, path_env_var: str, monkeypatch, source_argument: str = "source"):
+    """``load(SOURCE_ARGUMENT=None, **attributes)``: ``adapter_class(planted)`` reading the project from ``root``
+    (None: the installed package; ``planted``: the adapter's argument of replaced kernel text, ``source`` or
+    ``sources``), with ``attributes`` set on it (a test turning a correction off)."""
+    if root is not None:
+        monkeypatch.setenv(path_env_var, root)
+
+    def load(**attributes):
+        impl = adapter_class(attributes.pop(source_argument, None))
+        for name, value in attributes.items():
+            setattr(impl, name, value)
+        return impl
+    return load
+
+
+def rope_table(rotary_dim: int, dtype, rows: int = 32) -> torch.Tensor:
+    """A cos|sin table ``[rows, rotary_dim]`` of base 10000."""
+    inv_freq = 10000.0 ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
+    angles = torch.arange(rows, dtype=torch.float64)[:, None] * inv_freq
+    return torch.cat([angles.cos(), angles.sin()], dim=-1).to(dtype).to(DEVICE)
+
+
+def randn(*shape, dtype, seed: int, scale: float = 4.0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=generator) * scale).to(dtype).to(DEVICE)
