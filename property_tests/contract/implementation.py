@@ -22,7 +22,7 @@ signature cannot be read (``torch.ops`` builtins, C extensions) is accepted: sig
 readable; checked when called (``Implementation.unchecked`` lists them).
 
 A SPEC names one: a registered name (``triton``, ``reference``, ``vllm``, ``vllm-triton``, ``flaggems``,
-``liger``, ``flashinfer``, ``sglang``, the mutants ``mutant:NAME``), or ``module.path:attr`` for any importable module
+``liger``, ``flashinfer``, ``sglang``, ``sglang-triton``, the mutants ``mutant:NAME``), or ``module.path:attr`` for any importable module
 (the current directory is importable); a class is instantiated with no arguments.
 ``$MLA_FUSE_IMPL`` is the fallback when no SPEC is given. A SPEC that cannot be loaded raises
 ``ImplementationError`` with a one-line message that names the option as the user gave it
@@ -61,6 +61,7 @@ BUILT_IN: dict[str, str] = {
     "vllm-triton": "mla_fuse_conformance.adapters.vllm_triton:VllmTritonImplementation",
     "flaggems": "mla_fuse_conformance.adapters.flaggems:FlagGemsImplementation",
     "liger": "mla_fuse_conformance.adapters.liger:LigerImplementation",
+    "sglang-triton": "mla_fuse_conformance.adapters.sglang_triton:SglangTritonImplementation",
     "flashinfer": "mla_fuse_conformance.adapters.flashinfer:FlashInferImplementation",
     "sglang": "mla_fuse_conformance.adapters.sglang:SglangImplementation",
 }
