@@ -92,7 +92,7 @@ def test_the_torch_legs_run_nightly_on_a_cpu_runner_with_the_ci_sizes():
     subprocess.run(["bash", "-n", str(ROOT / "ci" / "version_leg.sh")], check=True)
 
 
-ADAPTERS = ["vllm-triton", "flaggems", "liger"]
+ADAPTERS = ["vllm-triton", "flaggems", "liger", "sglang-triton"]
 ADAPTERS_SCRIPT = ROOT / "ci" / "adapters_report.sh"
 
 
@@ -134,7 +134,7 @@ def test_the_adapters_verify_command_is_one_mla_fuse_accepts():
 
 
 FAKE_MLA_FUSE = """#!/usr/bin/env bash
-echo "$(printf "%q " "$@")| ${MLA_FUSE_FLAGGEMS_PATH:-} | ${MLA_FUSE_LIGER_PATH:-} | $MLA_FUSE_FAILURE_DIR" >> "$CALLS"
+echo "$(printf "%q " "$@")| ${MLA_FUSE_FLAGGEMS_PATH:-} | ${MLA_FUSE_LIGER_PATH:-} | $MLA_FUSE_FAILURE_DIR | ${MLA_FUSE_SGLANG_PATH:-}" >> "$CALLS"
 echo "verdict: from $3"
 exit $(cat "$EXITS/$3")
 """
@@ -150,7 +150,7 @@ def fake_wheel(path: pathlib.Path, package: str) -> pathlib.Path:
 
 def test_the_adapters_script_fails_only_when_a_verify_could_not_run(tmp_path):
     """The script run (copied into an empty tree) with a fake ``mla-fuse``: each adapter once, FlagGems from a
-    wheel it unpacks, Liger from a directory given, the extra arguments appended; verify's exit 1 (a
+    wheel it unpacks, Liger from a directory given, SGLang from a wheel, the extra arguments appended; verify's exit 1 (a
     failing kernel) leaves the script's status 0, exit 2 (could not run) makes it 1."""
     (tmp_path / "ci").mkdir()
     (tmp_path / "ci" / "adapters_report.sh").write_text(ADAPTERS_SCRIPT.read_text())
@@ -162,8 +162,9 @@ def test_the_adapters_script_fails_only_when_a_verify_could_not_run(tmp_path):
     exits.mkdir()
     env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "CALLS": str(tmp_path / "calls"), "EXITS": str(exits),
            "MLA_FUSE_INSTALLED": "1", "MLA_FUSE_FLAGGEMS_WHEEL": str(fake_wheel(tmp_path / "fg.whl", "flag_gems")),
-           "MLA_FUSE_LIGER_PATH": "/opt/liger", "MLA_FUSE_VERIFY_ARGS": "-n 1 -- -k 'in_deployment and llama'"}
-    for codes, expected in (((0, 1, 1), 0), ((1, 2, 0), 1)):
+           "MLA_FUSE_LIGER_PATH": "/opt/liger",
+           "MLA_FUSE_SGLANG_WHEEL": str(fake_wheel(tmp_path / "sglang.whl", "sglang")), "MLA_FUSE_VERIFY_ARGS": "-n 1 -- -k 'in_deployment and llama'"}
+    for codes, expected in (((0, 1, 1, 1), 0), ((1, 2, 0, 0), 1)):
         for impl, code in zip(ADAPTERS, codes):
             (exits / impl).write_text(str(code))
         (tmp_path / "calls").unlink(missing_ok=True)
@@ -171,11 +172,12 @@ def test_the_adapters_script_fails_only_when_a_verify_could_not_run(tmp_path):
                                 text=True, timeout=60)
         assert result.returncode == expected, result.stdout + result.stderr
         calls = [line.split(" | ") for line in (tmp_path / "calls").read_text().splitlines()]
-        assert [shlex.split(call[0])[:2] for call in calls] == [["verify", "--impl"]] * 3
+        assert [shlex.split(call[0])[:2] for call in calls] == [["verify", "--impl"]] * len(ADAPTERS)
         assert [shlex.split(call[0])[2] for call in calls] == ADAPTERS
         assert all(shlex.split(call[0])[-5:] == ["-n", "1", "--", "-k", "in_deployment and llama"] for call in calls)
         assert calls[1][1] == "reports/adapters/packages/flag-gems" and calls[2][2] == "/opt/liger"
         assert (tmp_path / calls[1][1] / "flag_gems" / "__init__.py").is_file()
+        assert calls[3][4] == "reports/adapters/packages/sglang" and (tmp_path / calls[3][4] / "sglang").is_dir()
         assert [call[3] for call in calls] == [f"reports/adapters/{impl}/failures" for impl in ADAPTERS]
         for impl, code in zip(ADAPTERS, codes):
             assert f"{impl}: mla-fuse verify exit status {code} " in result.stdout, result.stdout
