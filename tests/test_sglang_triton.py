@@ -193,6 +193,21 @@ def test_fused_flash_reads_past_a_short_slot_mapping(sglang):
     assert torch.equal(caches[1].view(8, 1, 8)[7], value[2])  # token 2 written at slot 7: a stray write
 
 
+def test_a_strided_slot_mapping_is_read_as_contiguous(sglang):
+    """A contract deviation SGLang's own callers never reach (its ``loc`` tensors are contiguous), by hand: the
+    wrappers pass ``loc`` without its stride and the kernels read ``loc_ptr + pid_loc`` (mla_buffer.py:41,
+    fused_qk_rope_reshape_and_cache.py:329), so a stride-2 view ``[5, 3]`` of ``[5, 6, 3, 7]`` writes token 1
+    at slot 6."""
+    impl = sglang()
+    kv_c, k_pe = _randn(2, 4, dtype=torch.float32, seed=11), _randn(2, 2, dtype=torch.float32, seed=12)
+    cache = torch.zeros(4, 2, 6, device=DEVICE)
+    slots = torch.tensor([5, 6, 3, 7], device=DEVICE)[::2]
+    impl.concat_and_cache_mla(kv_c, k_pe, cache, slots, "auto", torch.ones(1))
+    rows = cache.view(8, 6)
+    assert torch.equal(rows[5], torch.cat([kv_c[0], k_pe[0]])) and not rows[3].any()
+    assert torch.equal(rows[6], torch.cat([kv_c[1], k_pe[1]]))
+
+
 # ---------------------------------------------------------------- interpreter correction and planted kernels
 
 
@@ -248,3 +263,18 @@ def test_a_planted_bug_in_each_kernel_fails_with_the_corrections(sglang, sglang_
                          torch.uint8 if bug == "mla_fp8" else torch.bfloat16, latent, 32 if bug == "mla_fp8" else 8,
                          [3, 0, 9])
         assert not torch.equal(got, want)
+
+
+@pytest.mark.nightly  # two fresh interpreters (~30 s here); the defect itself is checked per change above
+def test_the_upstream_reproducer_exits_1_on_the_defect_and_0_with_reference(sglang_root):
+    """docs/upstream/sglang-fused-qk-rope-short-slot-mapping.py, standalone (torch, triton and the kernel file)."""
+    import pathlib
+    import subprocess
+
+    script = pathlib.Path(__file__).parents[1] / "docs" / "upstream" / "sglang-fused-qk-rope-short-slot-mapping.py"
+    path = ["--path", sglang_root] if sglang_root else []
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    for extra, code in (([], 1), (["--reference"], 0)):
+        result = subprocess.run([sys.executable, str(script), *path, *extra], capture_output=True, text=True,
+                                env=env, timeout=300)
+        assert result.returncode == code, result.stdout + result.stderr

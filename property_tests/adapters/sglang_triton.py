@@ -33,7 +33,7 @@ SGLang's conventions, and how the contract's cases map onto them:
 * the MLA pool is token rows ``[size + page_size, 1, L + R]`` (memory_pool.py:4866) and the kernels take
   ``kv_buffer.stride(0)``: the contract's ``[NB, B, L + R]`` cache is viewed as ``[NB * B, 1, L + R]``
   (row = slot), possible when the block stride is ``B`` entry strides; otherwise refused
-  (``NotImplementedError``; declared: ``cache_layouts`` contiguous and views into a pool). The latent and
+  (``NotImplementedError``: no axis of the contract isolates such a view, so it is not declared). The latent and
   rope parts are passed as ``[T, 1, L]`` and ``[T, 1, R]`` (``kv_a.unsqueeze(1)``, as SGLang's MLA forward).
 * padded tokens point at a reserved slot, 0 (``reserved_skip_index=0``, the wrappers' default,
   mla_buffer.py:296 and 405; "Slot 0 is reserved for CUDA-graph padding by default", line 194; the pool keeps
@@ -94,18 +94,18 @@ RESERVED_SLOT = 0  # reserved_skip_index's default (mla_buffer.py:296, 405)
 # concat_and_cache_mla:
 # * memory_pool.py:4991 (``self.dtype == fp8_dtype``) sends E4M3 pools only to the fp8 kernel: not fp8_e5m2;
 # * set_mla_kv_buffer_triton_fp8_quant (mla_buffer.py:398-405) has no scale argument: scale 1 only;
-# * token rows (memory_pool.py:4866): one stride per slot, so not K and V in one pool (an MHA form);
 # * reserved_skip_index=0 (mla_buffer.py:296, 405): padded tokens at slot 0.
 MLA = Capabilities(kv_cache_dtypes=("auto", "float32", "bfloat16", "float16", *E4M3_NAMES), scales=("1",),
-                   cache_layouts=("contiguous", "view into a pool"), padding_slot=RESERVED_SLOT)
+                   padding_slot=RESERVED_SLOT)
 # rope_and_reshape_and_cache_flash (fused_qk_rope_reshape_and_cache.py):
 # * line 629: ``d == dk == dv``: Dv = D; line 638: D a power of two; line 639: block_size a power of two;
 # * line 644: the table's width is D or 2D: R = D (no partial rotary);
 # * flash_layout=True takes [NB, B, Hkv, D] caches with their strides (lines 690-702): every order;
 # * padded tokens at slot 0 (create_fused_set_kv_buffer_arg: ``slot_mapping: forward_batch.out_cache_loc``).
-# * one k_scale / v_scale per layer (radix_attention.py:94, a layer's ``k_scale``): no per-head scales.
+# * one k_scale / v_scale per layer (radix_attention.py:94, a layer's ``k_scale``): no per-head scales;
+# * base.py:493 ``query.view(tokens, -1, qk_head_dim)`` raises for 0 tokens (-1 is ambiguous): no empty batch.
 FLASH = Capabilities(distinct_value_head_size=False, partial_rotary=False, head_sizes=POWERS_OF_TWO[1:],
-                     block_sizes=POWERS_OF_TWO, per_head_scales=False, padding_slot=RESERVED_SLOT)
+                     block_sizes=POWERS_OF_TWO, per_head_scales=False, empty_batch=False, padding_slot=RESERVED_SLOT)
 CAPABILITIES = {"concat_and_cache_mla": MLA, "rope_and_reshape_and_cache_flash": FLASH}
 
 
