@@ -278,3 +278,12 @@ def test_the_upstream_reproducer_exits_1_on_the_defect_and_0_with_reference(sgla
         result = subprocess.run([sys.executable, str(script), *path, *extra], capture_output=True, text=True,
                                 env=env, timeout=300)
         assert result.returncode == code, result.stdout + result.stderr
+
+
+def test_mla_fuse_verify_runs_it_on_sglangs_own_deployment(sglang_root, verify_one_deployment):
+    """The suite's own run of the adapter on SGLang's DeepSeek-V3 decode deployment (its MLA cache write, padded
+    as SGLang pads: slot 0 reserved): PASS."""
+    code, report = verify_one_deployment("sglang-triton", "in_deployment and deepseek-v3-tp1-bf16-sglang-decode",
+                                         **({PATH_ENV_VAR: sglang_root} if sglang_root else {}))
+    verdicts = {(entry["operation"], entry["verdict"]) for entry in report["deployments"]}
+    assert code == 0 and verdicts == {("concat_and_cache_mla", "pass")}, report["deployments"]
