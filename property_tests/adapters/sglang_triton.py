@@ -33,7 +33,9 @@ SGLang's conventions, and how the contract's cases map onto them:
 * the MLA pool is token rows ``[size + page_size, 1, L + R]`` (memory_pool.py:4866) and the kernels take
   ``kv_buffer.stride(0)``: the contract's ``[NB, B, L + R]`` cache is viewed as ``[NB * B, 1, L + R]``
   (row = slot), possible when the block stride is ``B`` entry strides; otherwise refused
-  (``NotImplementedError``: no axis of the contract isolates such a view, so it is not declared). The latent and
+  (``NotImplementedError``). SGLang allocates each layer's buffer on its own (memory_pool.py:4864-4871), never
+  a view into a larger pool: declared ``cache_layouts=("contiguous",)``; a view into a pool is checked as a
+  limit (refused where it has no token-row view, handled where it has one). The latent and
   rope parts are passed as ``[T, 1, L]`` and ``[T, 1, R]`` (``kv_a.unsqueeze(1)``, as SGLang's MLA forward).
 * padded tokens point at a reserved slot, 0 (``reserved_skip_index=0``, the wrappers' default,
   mla_buffer.py:296 and 405; "Slot 0 is reserved for CUDA-graph padding by default", line 194; the pool keeps
@@ -94,9 +96,10 @@ RESERVED_SLOT = 0  # reserved_skip_index's default (mla_buffer.py:296, 405)
 # concat_and_cache_mla:
 # * memory_pool.py:4991 (``self.dtype == fp8_dtype``) sends E4M3 pools only to the fp8 kernel: not fp8_e5m2;
 # * set_mla_kv_buffer_triton_fp8_quant (mla_buffer.py:398-405) has no scale argument: scale 1 only;
-# * reserved_skip_index=0 (mla_buffer.py:296, 405): padded tokens at slot 0.
+# * reserved_skip_index=0 (mla_buffer.py:296, 405): padded tokens at slot 0;
+# * each layer's buffer is an allocation of its own, token rows (memory_pool.py:4864-4871): a contiguous cache.
 MLA = Capabilities(kv_cache_dtypes=("auto", "float32", "bfloat16", "float16", *E4M3_NAMES), scales=("1",),
-                   padding_slot=RESERVED_SLOT)
+                   cache_layouts=("contiguous",), padding_slot=RESERVED_SLOT)
 # rope_and_reshape_and_cache_flash (fused_qk_rope_reshape_and_cache.py):
 # * line 629: ``d == dk == dv``: Dv = D; line 638: D a power of two; line 639: block_size a power of two;
 # * line 644: the table's width is D or 2D: R = D (no partial rotary);
