@@ -106,9 +106,11 @@ MLA = Capabilities(kv_cache_dtypes=("auto", "float32", "bfloat16", "float16", *E
 # * flash_layout=True takes [NB, B, Hkv, D] caches with their strides (lines 690-702): every order;
 # * padded tokens at slot 0 (create_fused_set_kv_buffer_arg: ``slot_mapping: forward_batch.out_cache_loc``).
 # * one k_scale / v_scale per layer (radix_attention.py:94, a layer's ``k_scale``): no per-head scales;
-# * base.py:493 ``query.view(tokens, -1, qk_head_dim)`` raises for 0 tokens (-1 is ambiguous): no empty batch.
+# * base.py:493 ``query.view(tokens, -1, qk_head_dim)`` raises for 0 tokens (-1 is ambiguous): no empty batch;
+# * base.py:499 passes ``self.cos_sin_cache``, which SGLang keeps float32 on ROCm (base.py:206-210).
 FLASH = Capabilities(distinct_value_head_size=False, partial_rotary=False, head_sizes=POWERS_OF_TWO[1:],
-                     block_sizes=POWERS_OF_TWO, per_head_scales=False, empty_batch=False, padding_slot=RESERVED_SLOT)
+                     block_sizes=POWERS_OF_TWO, per_head_scales=False, empty_batch=False, table_dtypes="float32",
+                     padding_slot=RESERVED_SLOT)
 CAPABILITIES = {"concat_and_cache_mla": MLA, "rope_and_reshape_and_cache_flash": FLASH}
 
 
