@@ -208,6 +208,35 @@ def test_a_strided_slot_mapping_is_read_as_contiguous(sglang):
     assert torch.equal(rows[6], torch.cat([kv_c[1], k_pe[1]]))
 
 
+def test_the_fp8_cache_holds_the_fp32_rotation_not_the_written_back_key(sglang):
+    """A confirmed contract deviation, by hand in torch: the fused kernel quantizes its fp32 rotation of k
+    (``k_pe * k_scale_rcprl``, fused_qk_rope_reshape_and_cache.py:373) while it writes k back in bf16, so the fp8
+    cache does not hold the code of the written-back key where the bf16 rounding lands on an fp8 tie (CONTRACT
+    §2: the k stored is the rounded value written back; SGLang's unfused path quantizes the bf16 key). The case
+    is the suite's large-address flash case (test_large_addresses.FLASH) inside the adapter's declarations."""
+    from mla_fuse_conformance.cases import tensors
+    from mla_fuse_conformance.properties.test_large_addresses import FLASH
+
+    impl = sglang()
+    case = impl.capabilities["rope_and_reshape_and_cache_flash"].project(FLASH, True)
+    a = tensors.build(case, "cpu").args
+    key, positions, table = a["key"].clone(), a["positions"].long(), a["cos_sin_cache"]
+    impl.rope_and_reshape_and_cache_flash(*(a[n] for n in (
+        "positions", "query", "key", "value", "key_cache", "value_cache", "slot_mapping", "cos_sin_cache", "is_neox",
+        "kv_cache_dtype", "k_scale", "v_scale")))
+    half = key.shape[-1] // 2  # NeoX, R = D, fp32 table, scale 1: x * cos + rotate(x) * sin in fp32
+    cos, sin = (table[positions][:, None, part].float().repeat(1, 1, 2) for part in (slice(0, half), slice(half, None)))
+    x = key.float()
+    k32 = x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
+    token, slot = 1, int(a["slot_mapping"][1])
+    got = a["key_cache"].view(-1, *a["key_cache"].shape[2:])[slot].view(torch.uint8)
+    from_fp32 = k32[token].to(torch.float8_e4m3fn).view(torch.uint8)
+    from_written_back = a["key"][token].float().to(torch.float8_e4m3fn).view(torch.uint8)
+    assert torch.equal(a["key"][token], k32[token].to(torch.bfloat16))  # the key written back: bf16(fp32 rotation)
+    assert torch.equal(got, from_fp32) and not torch.equal(got, from_written_back)
+    assert float(a["key"][token, 1, 0]) == -0.53125 and int(got[1, 0]) == 0xB1 and int(from_written_back[1, 0]) == 0xB0
+
+
 # ---------------------------------------------------------------- interpreter correction and planted kernels
 
 
