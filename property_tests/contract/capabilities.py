@@ -57,11 +57,18 @@ class Capabilities:
     head_sizes: tuple[int, ...] | None = None  # D (and Dv) of rotary_embedding and the MHA operations
     rotary_dims: tuple[int, ...] | None = None  # R, the table's width
     latent_dims: tuple[int, ...] | None = None  # L of the MLA operations
+    block_sizes: tuple[int, ...] | None = None  # B of the cache-writing operations
+    # what a padded token's slot holds: -1, a negative slot (CONTRACT §2), or a reserved slot r >= 0 (SGLang's 0):
+    # padded tokens then point at r, no real token is given r, and slot r's contents are not judged
+    padding_slot: int = -1
 
     def __post_init__(self) -> None:
         if self.table_dtypes not in TABLE_POLICIES:
             raise ValueError(f"capabilities: table_dtypes must be one of {TABLE_POLICIES}, got {self.table_dtypes!r}")
-        for name in ("head_sizes", "rotary_dims", "latent_dims"):
+        if not isinstance(self.padding_slot, int) or isinstance(self.padding_slot, bool) or self.padding_slot < -1:
+            raise TypeError(f"capabilities: padding_slot must be -1 (negative slots) or a reserved slot >= 0, "
+                            f"got {self.padding_slot!r}")
+        for name in ("head_sizes", "rotary_dims", "latent_dims", "block_sizes"):
             sizes = getattr(self, name)
             if sizes is not None:
                 if isinstance(sizes, int) or not all(isinstance(size, int) and size > 0 for size in sizes) or not sizes:
@@ -115,6 +122,10 @@ class Capabilities:
             allowed = getattr(self, field)
             if allowed is not None and value not in allowed:
                 found[name] = str(value)
+        pad = pad_value_of(case)  # a case that pads no token is inside either declaration
+        if (pad is not None and case.slots.padding != "none" and (pad >= 0 or self.padding_slot >= 0)
+                and pad != self.padding_slot):
+            found["padding slot"] = str(pad)
         return found
 
     def allows(self, case, rotates: bool = True) -> bool:
@@ -124,6 +135,8 @@ class Capabilities:
         """``case`` moved onto these limits axis by axis (other features kept where possible), or
         None where some axis cannot be moved (the example is then rejected)."""
         case = self._fit_sizes(case, rotates)
+        if pad_value_of(case) is not None and self.padding_slot >= 0:
+            case = dataclasses.replace(case, slots=dataclasses.replace(case.slots, pad_value=self.padding_slot))
         for _ in range(2):  # moving one axis can move another (dtype and a named cache dtype)
             for axis in axes_for(rotates):
                 value = axis.of(case)
@@ -143,6 +156,10 @@ class Capabilities:
         def nearest(sizes, size):
             return size if sizes is None or size in sizes else min(sizes, key=lambda s: (abs(s - size), s))
 
+        if hasattr(case, "block_size") and self.block_sizes is not None and case.block_size not in self.block_sizes:
+            block_size = nearest(self.block_sizes, case.block_size)  # as many slots or more
+            case = dataclasses.replace(case, block_size=block_size,
+                                       num_blocks=-(-case.num_blocks * case.block_size // block_size))
         if isinstance(case, MlaCase):  # R is k_pe's width whether or not the operation rotates
             rotary_dim = nearest(self.rotary_dims, case.rotary_dim)
             return dataclasses.replace(case, latent=nearest(self.latent_dims, case.latent), rotary_dim=rotary_dim,
@@ -180,17 +197,29 @@ class Capabilities:
         for field, label in SIZE_FIELDS.items():
             if getattr(self, field) is not None:
                 lines.append(f"{label}: only {', '.join(map(str, getattr(self, field)))}")
+        if self.padding_slot >= 0:
+            lines.append(f"padding slot: reserved slot {self.padding_slot}, not -1 (padded tokens point at it; its "
+                         "contents are not judged)")
         return lines
 
 
-SIZE_FIELDS = {"head_sizes": "head size", "rotary_dims": "rotary width", "latent_dims": "latent width"}
+SIZE_FIELDS = {"head_sizes": "head size", "rotary_dims": "rotary width", "latent_dims": "latent width",
+               "block_sizes": "block size"}
+
+
+def pad_value_of(case) -> int | None:
+    """What ``case``'s padded slots hold (None: a case without a slot mapping)."""
+    slots = getattr(case, "slots", None)
+    return None if slots is None else slots.pad_value
 
 
 def sizes_of(case, rotates: bool) -> dict[str, tuple[str, int]]:
     """The sizes a declaration may restrict: label -> (Capabilities field, size)."""
+    blocks = {"block size": ("block_sizes", case.block_size)} if hasattr(case, "block_size") else {}
     if isinstance(case, MlaCase):
-        return {"latent width": ("latent_dims", case.latent), "rotary width": ("rotary_dims", case.rotary_dim)}
-    found = {"head size": ("head_sizes", case.head_size)}
+        return {"latent width": ("latent_dims", case.latent), "rotary width": ("rotary_dims", case.rotary_dim),
+                **blocks}
+    found = {"head size": ("head_sizes", case.head_size), **blocks}
     if isinstance(case, FlashCase):
         found["value head size"] = ("head_sizes", case.value_head_size)
     if rotates:

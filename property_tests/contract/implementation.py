@@ -32,8 +32,9 @@ signature cannot be read (``torch.ops`` builtins, C extensions) is accepted: sig
 readable; checked when called (``Implementation.unchecked`` lists them).
 
 A SPEC names one: a registered name (``triton``, ``reference``, ``vllm``, ``vllm-triton``, ``flaggems``,
-``liger``, ``flash-attn-rotary``, ``flashinfer``, ``sglang``, the mutants ``mutant:NAME``), or
-``module.path:attr`` for any importable module (the current directory is importable); a class is instantiated with no arguments.
+``liger``, ``flash-attn-rotary``, ``flashinfer``, ``sglang``, ``sglang-triton``, the mutants ``mutant:NAME``), or
+``module.path:attr`` for any importable module (the current directory is importable); a class is instantiated with no
+arguments.
 ``$MLA_FUSE_IMPL`` is the fallback when no SPEC is given. A SPEC that cannot be loaded raises
 ``ImplementationError`` with a one-line message that names the option as the user gave it
 (``--impl`` of the commands, ``--mla-fuse-impl`` under pytest, or ``$MLA_FUSE_IMPL``) and, for a
@@ -73,6 +74,7 @@ BUILT_IN: dict[str, str] = {
     "flaggems": "mla_fuse_conformance.adapters.flaggems:FlagGemsImplementation",
     "liger": "mla_fuse_conformance.adapters.liger:LigerImplementation",
     "flash-attn-rotary": "mla_fuse_conformance.adapters.flash_attn_rotary:FlashAttnRotaryImplementation",
+    "sglang-triton": "mla_fuse_conformance.adapters.sglang_triton:SglangTritonImplementation",
     "flashinfer": "mla_fuse_conformance.adapters.flashinfer:FlashInferImplementation",
     "sglang": "mla_fuse_conformance.adapters.sglang:SglangImplementation",
 }

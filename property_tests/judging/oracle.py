@@ -29,7 +29,7 @@ class Rows:
 
     @classmethod
     def of(cls, built: builder.Built, tokens: int) -> "Rows":
-        slots = built.args["slot_mapping"].cpu().long()
+        slots = reference_slots(built).cpu()
         written = torch.zeros(tokens, dtype=torch.bool)
         written[: slots.numel()] = slots >= 0
         return cls(written)
@@ -42,8 +42,30 @@ class Rows:
         return self.written
 
 
+def reserved_slot(built: builder.Built) -> int | None:
+    """The reserved slot padded tokens point at (``SlotSpec.pad_value`` >= 0, SGLang's 0), or None."""
+    slots = getattr(built.case, "slots", None)
+    return slots.pad_value if slots is not None and slots.pad_value >= 0 else None
+
+
+def reference_slots(built: builder.Built) -> torch.Tensor:
+    """``slot_mapping`` as the reference takes it: a reserved padding slot as -1 (nothing written)."""
+    slots = built.args["slot_mapping"].long()
+    reserved = reserved_slot(built)
+    return slots if reserved is None else torch.where(slots == reserved, -1, slots)
+
+
 def _start(built: builder.Built) -> Expectation:
-    return Expectation(expected={name: buffer.flat.clone() for name, buffer in built.buffers.items()})
+    expectation = Expectation(expected={name: buffer.flat.clone() for name, buffer in built.buffers.items()})
+    reserved = reserved_slot(built)
+    if reserved is not None:  # its contents are not judged (what padded tokens leave there is the engine's)
+        for cache in ("kv_cache", "key_cache", "value_cache"):
+            if cache in built.args:
+                block_size = built.args[cache].size(1)
+                index = built.index_map(cache, torch.tensor([reserved // block_size]),
+                                        torch.tensor([reserved % block_size]))
+                expectation.unjudged.setdefault(built.view_buffer[cache], []).append(index.flatten())
+    return expectation
 
 
 def _write(expectation: Expectation, built: builder.Built, arg: str, values: torch.Tensor) -> None:
@@ -78,7 +100,7 @@ def _rope_region(expectation, built, arg: str, head_size: int, rows: torch.Tenso
 
 def _entry_index(built: builder.Built, cache: str, rows: Rows) -> torch.Tensor:
     """Flat indices of the cache entries the written tokens land in: ``[n, *entry shape]``."""
-    slots = built.args["slot_mapping"].cpu().long()[: rows.written.numel()]
+    slots = reference_slots(built).cpu()[: rows.written.numel()]
     valid = slots[rows.written[: slots.numel()]]
     block_size = built.args[cache].size(1)
     return built.index_map(cache, valid // block_size, valid % block_size)
@@ -129,7 +151,7 @@ def expect_rotary_embedding(built: builder.Built, impl) -> Expectation:
 def expect_concat_and_cache_mla(built: builder.Built, impl) -> Expectation:
     expectation = _start(built)
     a = built.args
-    new_cache = ref_ops.concat_and_cache_mla(a["kv_c"], a["k_pe"], a["kv_cache"], a["slot_mapping"],
+    new_cache = ref_ops.concat_and_cache_mla(a["kv_c"], a["k_pe"], a["kv_cache"], reference_slots(built),
                                              a["kv_cache_dtype"], a["scale"])
     _write(expectation, built, "kv_cache", new_cache)
     fmt = builder.fp8_format(a["kv_cache_dtype"])
@@ -145,7 +167,7 @@ def expect_concat_and_cache_mla_rope_fused(built: builder.Built, impl) -> Expect
     T, L, R = a["kv_c"].size(0), a["kv_c"].size(1), a["k_pe"].size(1)
     rows = Rows.of(built, T)
     _, _, new_cache = ref_ops.concat_and_cache_mla_rope_fused(
-        a["positions"], a["q_pe"], a["k_pe"], a["kv_c"], a["cos_sin_cache"], a["is_neox"], a["slot_mapping"],
+        a["positions"], a["q_pe"], a["k_pe"], a["kv_c"], a["cos_sin_cache"], a["is_neox"], reference_slots(built),
         a["kv_cache"], a["kv_cache_dtype"], a["scale"])
     _write(expectation, built, "kv_cache", new_cache)
     _rope_region(expectation, built, "q_pe", R, rows.rotated("q", impl.padded_rows), impl.rounding)
@@ -167,7 +189,7 @@ def expect_reshape_and_cache_flash(built: builder.Built, impl) -> Expectation:
     expectation = _start(built)
     a = built.args
     new_key_cache, new_value_cache = ref_ops.reshape_and_cache_flash(
-        a["key"], a["value"], a["key_cache"], a["value_cache"], a["slot_mapping"], a["kv_cache_dtype"],
+        a["key"], a["value"], a["key_cache"], a["value_cache"], reference_slots(built), a["kv_cache_dtype"],
         a["k_scale"], a["v_scale"])
     _write(expectation, built, "key_cache", new_key_cache)
     _write(expectation, built, "value_cache", new_value_cache)
@@ -185,7 +207,7 @@ def expect_rope_and_reshape_and_cache_flash(built: builder.Built, impl) -> Expec
     T, D, R = a["key"].size(0), a["key"].size(2), a["cos_sin_cache"].size(1)
     rows = Rows.of(built, T)
     _, _, new_key_cache, new_value_cache = ref_ops.rope_and_reshape_and_cache_flash(
-        a["positions"], a["query"], a["key"], a["value"], a["key_cache"], a["value_cache"], a["slot_mapping"],
+        a["positions"], a["query"], a["key"], a["value"], a["key_cache"], a["value_cache"], reference_slots(built),
         a["cos_sin_cache"], a["is_neox"], a["kv_cache_dtype"], a["k_scale"], a["v_scale"])
     _write(expectation, built, "key_cache", new_key_cache)
     _write(expectation, built, "value_cache", new_value_cache)
