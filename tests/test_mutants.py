@@ -55,6 +55,7 @@ ORDER = [
     "test_deployments:test_concat_and_cache_mla_rope_fused_in_deployment",
     "test_deployments:test_concat_and_cache_mla_in_deployment",
     "test_deployments:test_rotary_embedding_in_deployment",
+    "test_deployments:test_rope_and_reshape_and_cache_flash_in_deployment",
     # interactions: each feature value with each size crossing (a product past a tile, fp8 past a size)
     "test_interactions:test_fused_mla_interactions",
     "test_interactions:test_fused_flash_interactions",

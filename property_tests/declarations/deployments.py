@@ -197,6 +197,15 @@ DEPLOYMENTS = (
     _d("llama-3.1-8b-tp2-fp8-vllm-flashinfer-hnd-decode", "llama-3.1-8b", 2, 16, 4, "fp8", 64, "vllm-flashinfer-hnd",
        "decode", 8, _MHA, "Blackwell's HND blocks with K|V halves, fp8, TP 2", _VFP8, _V_FI,
        "vllm/v1/attention/backends/flashinfer.py:734"),
+    # the fused rope + flash write, where engines fuse it (ROCm): vLLM's AITER path, SGLang's ROCm rotary
+    _d("llama-3.1-8b-tp1-fp8-vllm-rocm-rope-cache-decode", "llama-3.1-8b", 1, 32, 8, "fp8", 16,
+       "vllm-rope-cache-rocm", "decode", 8, ("rope_and_reshape_and_cache_flash",),
+       "the fused rope + cache write of vLLM's ROCm backends, fp8 with a scale, 16-slot blocks", _VFP8,
+       "vllm/v1/attention/backends/triton_attn.py:871"),
+    _d("llama-3.1-8b-tp1-bf16-sglang-rocm-rope-cache-prefill", "llama-3.1-8b", 1, 32, 8, "bf16", 1,
+       "sglang-rope-cache", "prefill", 24, ("rope_and_reshape_and_cache_flash",),
+       "SGLang's fused rope + cache write (ROCm), one-token pages, padded tokens to slot 0", _S_PAGE,
+       "sglang/srt/models/utils.py:299"),
     # Llama-3.1-405B: 128 query heads over 8 KV heads; one KV head per rank at TP 8
     _d("llama-3.1-405b-tp1-fp8-vllm-flash-decode", "llama-3.1-405b", 1, 128, 8, "fp8", 16, "vllm-flash", "decode", 4,
        _MHA, "128 query heads (a 16:1 group), fp8, a 18,432-wide qkv row", _VFP8, _V_FA),

@@ -89,3 +89,9 @@ def test_concat_and_cache_mla_rope_fused_in_deployment(mla_fuse, case):
 @in_deployments(FLASH_WRITE)
 def test_reshape_and_cache_flash_in_deployment(mla_fuse, case):
     mla_fuse.against_reference(case, FLASH_WRITE)
+
+
+@pytest.mark.mla_fuse(FLASH_FUSED)
+@in_deployments(FLASH_FUSED)
+def test_rope_and_reshape_and_cache_flash_in_deployment(mla_fuse, case):
+    mla_fuse.against_reference(case, FLASH_FUSED)
