@@ -129,12 +129,12 @@ def test_reshape_and_cache_flash_fixed_cases(flaggems, dtype, kv_cache_dtype, he
 
 def test_the_declared_limits_are_the_codes(flaggems):
     caps = flaggems().capabilities
-    assert caps["rotary_embedding"].describe(True) == ["key: not none"]
+    assert caps["rotary_embedding"].describe(True) == ["key: not none", "tokens: not 0"]
     assert caps["concat_and_cache_mla"].describe(False) == [
         "slot_mapping layout: not strided", "kv_cache_dtype: not float32, bfloat16, float16, fp8_e4m3, fp8_e5m2",
         "fp8 storage: not float8", "latent width: only 1, 2, 4, 8, 16, 32, 64, 128, 256, 512"]
     assert caps["reshape_and_cache_flash"].describe(False) == [
-        "slot_mapping layout: not strided", "kv_cache_dtype: not fp8, fp8_e4m3, fp8_e5m2"]
+        "slot_mapping layout: not strided", "value head size: not Dv != D", "kv_cache_dtype: not fp8, fp8_e4m3, fp8_e5m2"]
 
 
 @pytest.mark.parametrize("kv_cache_dtype", ["fp8_e4m3", "fp8_e5m2"])

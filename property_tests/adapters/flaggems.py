@@ -94,8 +94,9 @@ VLLM_SLOTS = ("vllm/v1/worker/block_table.py:85 (slot_mapping: one int64 buffer)
               "vllm/v1/worker/gpu_model_runner.py:3900 (its prefix, slot_mapping.gpu[:num_tokens_padded]): contiguous")
 
 CAPABILITIES = {
-    # custom_gems_rope_forward_cuda calls key.view(...): key is required.
-    "rotary_embedding": Capabilities(key_optional=False),
+    # custom_gems_rope_forward_cuda calls key.view(...): key is required; and query.view(num_tokens, -1, head_size)
+    # (patch_vllm_all.py:34) raises RuntimeError for 0 tokens, before anything is written: no empty batch.
+    "rotary_embedding": Capabilities(key_optional=False, empty_batch=False),
     # ConcatAndCacheMla.forward (fused/concat_and_cache_mla.py:110-118): kv_dtype_map takes auto, fp8, fp8e4m3,
     # fp8e5m2, any other name raises "Unsupported kv_cache_dtype" (of the contract's: auto and fp8); :105 "For FP8
     # kv_cache must be uint8 dtype"; BLOCK_SIZE = min(kv_lora_rank, 512) feeds tl.arange, which raises on a
@@ -103,11 +104,12 @@ CAPABILITIES = {
     "concat_and_cache_mla": Capabilities(kv_cache_dtypes=("auto", "fp8"), fp8_storage=("uint8",),
                                          latent_dims=tuple(2 ** i for i in range(10)), strided_index_tensors=False),
     # the patch's FlashAttentionImpl.forward raises NotImplementedError for an fp8 kv_cache_dtype (:185, after
-    # the write); the slot mapping is never strided where vLLM calls it. Not declared, because FlagGems neither
-    # documents nor enforces them (each a finding where it fails): a value head size other than the key's, a
-    # cache whose entries are not packed NHD (HND, K and V in one pool).
+    # the write); fused/reshape_and_cache_flash.py:93 asserts key_cache.stride(0) == value_cache.stride(0), which
+    # a value head size other than the key's fails before anything is written; the slot mapping is never strided
+    # where vLLM calls it. Not declared, because FlagGems neither documents nor enforces it (a finding where it
+    # fails): a cache whose entries are not packed NHD (HND, K and V in one pool).
     "reshape_and_cache_flash": Capabilities(kv_cache_dtypes=("auto", "float32", "bfloat16", "float16"),
-                                            strided_index_tensors=False),
+                                            distinct_value_head_size=False, strided_index_tensors=False),
 }
 GUARDED_BY_CALLER = {"concat_and_cache_mla": {"slot_mapping layout strided": VLLM_SLOTS},
                      "reshape_and_cache_flash": {"slot_mapping layout strided": VLLM_SLOTS}}
