@@ -25,6 +25,7 @@ from mla_fuse_conformance.running.harness import property_named
 from mla_fuse_conformance.contract.implementation import load_implementation
 from mla_fuse_conformance.commands.conformance_map.limits import check_limit
 from mla_fuse_conformance.commands.conformance_map.property_map import map_property
+from test_pasted_commands import fresh_shell, printed
 
 ROPE_PROPERTY = "test_rotary_embedding:test_rotary_embedding_matches_reference"
 ADAPTERS = '''
@@ -281,7 +282,8 @@ def test_repro_says_reproduced_passed_or_could_not_run(user_dir, tmp_path):
 
 def test_a_worker_crash_under_pytest_becomes_a_failure_file(user_dir):
     """pytest-xdist replaces the dead worker; the plugin turns its in-flight example into a failure
-    file attributed to the property, and the rest of the session runs."""
+    file attributed to the property, and the rest of the session runs. Its printed replay line, pasted into
+    a new shell (``env -i``) in another directory, says REPRODUCED with the recorded signal."""
     reports = user_dir / "reports"
     (user_dir / "test_after.py").write_text("def test_after_the_crash():\n    pass\n")  # collected last
     command = [sys.executable, "-m", "pytest", "--pyargs",
@@ -300,6 +302,13 @@ def test_a_worker_crash_under_pytest_becomes_a_failure_file(user_dir):
     replay = subprocess.run([sys.executable, "-m", "mla_fuse_conformance", "repro", crashed[0]["failure"]["file"]], capture_output=True, text=True,
                             cwd=user_dir)
     assert replay.returncode == 1 and "SIGSEGV" in replay.stdout
+    # the printed replay line, pasted into a new shell (env -i) in another directory: the recorded signal
+    line, _ = printed(result.stdout, "replay exactly")
+    elsewhere = user_dir / "elsewhere"
+    elsewhere.mkdir()
+    pasted = fresh_shell(line, elsewhere, user_dir)
+    assert pasted.returncode == 1 and "REPRODUCED" in pasted.stdout and "SIGSEGV" in pasted.stdout, \
+        line + "\n" + pasted.stdout[-2000:] + pasted.stderr[-2000:]
 
 
 def test_an_adapter_that_does_not_import_stops_pytest_with_one_line(user_dir):
