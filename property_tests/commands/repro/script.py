@@ -246,7 +246,8 @@ def write_script(cell: dict, record: dict, directory: pathlib.Path, implementati
     return script, data, None if source or target["directory"] == "." else target["directory"]
 
 
-def judge(cell: dict, script: pathlib.Path, data: pathlib.Path | None, python: str, path: str | None = None) -> dict:
+def run_reproducer(cell: dict, script: pathlib.Path, data: pathlib.Path | None, python: str,
+                   path: str | None = None) -> dict:
     """Run the script as is and with ``--reference``: the cell's ``reproducer`` entry."""
     run, with_reference = run_script(python, script, path=path), run_script(python, script, "--reference", path=path)
     return {"script": str(script), "data": str(data) if data else None, "reproduced": reproduced(cell["kind"], run),
@@ -285,7 +286,7 @@ def write_reproducers(report_dir: pathlib.Path, report: dict, python: str = sys.
         except Exception as error:  # noqa: BLE001 - one cell's script must not cost the report
             print(f"reproducer: none for {cell['id']}: {type(error).__name__}: {error}"[:300], flush=True)
             continue
-        found = cell["reproducer"] = judge(cell, script, data, python, path)
+        found = cell["reproducer"] = run_reproducer(cell, script, data, python, path)
         print(f"reproducer: {found['script']} ({'reproduced' if found['reproduced'] else 'did not reproduce'}"
               f"{'' if found['passes_with_reference'] else '; FAILS with --reference'})", flush=True)
     report.setdefault("run", {}).setdefault("phases", {})["reproducers"] = round(time.monotonic() - started, 1)

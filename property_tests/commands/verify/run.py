@@ -48,7 +48,7 @@ from mla_fuse_conformance.commands.report import views as report_views
 
 from mla_fuse_conformance.commands.repro import script as reproducer
 from mla_fuse_conformance.commands.verify import maps, stopping
-from mla_fuse_conformance.commands.verify.maps import failing_properties, property_of  # noqa: F401 - verify's API
+from mla_fuse_conformance.commands.verify.maps import failing_properties, property_of_test_id  # noqa: F401 - verify's API
 from mla_fuse_conformance.settings import profiles
 from mla_fuse_conformance.running import devices, recording
 from mla_fuse_conformance.cases.features import describe
@@ -142,7 +142,7 @@ def summarize(outcomes: list[dict], spec: str) -> dict[str, OperationSummary]:
         metrics = line.get("metrics") or {}
         if metrics.get("impl") != spec:
             metrics = {}
-        prop = property_of(line["nodeid"], properties)
+        prop = property_of_test_id(line["nodeid"], properties)
         operations = (metrics.get("operations") or (line.get("failure") or {}).get("operations")
                       or (prop.operations if prop is not None and line["outcome"] == "failed"
                           else [other_row(line["nodeid"])]))
