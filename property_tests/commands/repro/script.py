@@ -7,7 +7,7 @@ of the inputs of the one operation the cell's property checks, as raw bits (lite
 ``<cell>.pt`` beside it when a buffer holds more than ``LITERAL_ELEMENTS``), each argument rebuilt
 as the same view (storage offset, sizes, strides, and the buffer's start alignment mod 64) of a
 buffer lying between guard bytes, the kernel call, and the operation's formula written out in
-float64 (``reproducer_formulas.py``). The kernel call is the adapter's ``call_source[operation]``
+float64 (``formulas.py``). The kernel call is the adapter's ``call_source[operation]``
 (the import lines and the call, in CONTRACT §4's argument names); an adapter without one is imported
 from its module path and its method called. Each script then runs in a child (``python -I``:
 nothing of the current directory), once as is and once with ``--reference`` (the formula's values
