@@ -13,7 +13,7 @@ with a placeholder in it, ``< > * { } $ …`` or ``...``, is a pattern, not a pa
   names of ``property_tests/`` and ``reference/``), or with a subpackage of ``property_tests/`` or
   ``mla_fuse/`` followed by ``/`` (``commands/report/views.py``, ``kernels/launcher.py``: how the
   package's own docstrings name its modules); or
-* in a docstring, is a bare module name, ``name.py`` with no ``/`` (how a module names its
+* in a docstring, is a bare module name, ``<name>.py`` with no ``/`` (how a module names its
   siblings): it must be the name of a tracked file (any folder), unless it is one of OTHER_FILES
   (files of other projects or of the user, and placeholders). The docs name our files by their path
   from the root and other projects' files bare (docs/THIRD_PARTY.md), so a bare name in a doc is
@@ -22,8 +22,9 @@ with a placeholder in it, ``< > * { } $ …`` or ``...``, is a pattern, not a pa
 A path resolves when it names a tracked file or a folder holding one, read from the repository's
 root, from the package root for a subpackage path, and, in a docstring, from the docstring's own
 folder. ``path:LINE``, ``path::test``, ``path#anchor`` and a trailing ``.`` or ``,`` are cut off
-first; ``module.py.NAME`` and ``folder/module.NAME`` name an attribute of ``module.py``. Paths of other projects (``vllm/...``, ``python/tutorials/...``) start with none of our
-folders and are not read.
+first; ``<module>.py.NAME`` and ``folder/<module>.NAME`` name an attribute of ``<module>.py``.
+Paths of other projects (``vllm/...``, ``python/tutorials/...``) start with none of our folders and
+are not read.
 """
 
 from __future__ import annotations
