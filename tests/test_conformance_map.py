@@ -1,4 +1,4 @@
-"""The conformance map, limit checks, crash survival and replay (mapping.py, executor.py, repro.py, plugin.py).
+"""The conformance map, limit checks, crash survival and replay (commands/conformance_map/, running/executor.py, commands/repro/, plugin.py).
 
 The adapters here are written into a temporary directory, as a user's would be, and loaded by
 ``module:attr`` spec from there (the executor's children import them the same way).

@@ -121,16 +121,17 @@ class Plan:
         self.kept = False
         self.again = None
 
-    def _launch(self) -> tuple:
+    def _fields(self) -> tuple:
+        """What a launch is made of: the fields two equal plans share."""
         return self.grid, self.sizes, self.constexprs, self.aligned, self.code_bits
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, Plan) and self._launch() == other._launch()
+        return isinstance(other, Plan) and self._fields() == other._fields()
 
     __hash__ = None
 
     def __repr__(self) -> str:
-        return f"Plan{self._launch()}"
+        return f"Plan{self._fields()}"
 
     def arguments(self, tensors) -> tuple:
         """The kernel's runtime arguments for ``tensors`` (in signature order): the tensors, code bits

@@ -43,6 +43,7 @@ tiles' pointers with ``tl.multiple_of``. Compiled variants: dtypes, formats, fla
 from __future__ import annotations
 
 import functools
+import inspect
 
 import torch
 import triton.language as tl
@@ -135,6 +136,8 @@ def launch_config(num_tokens: int, num_heads: int, rotary_dim: int, latent_dim: 
 
 #: the kernel's launches, Triton's per-call binding done once per layout (launcher.py)
 launcher = Launcher(mla_rope_cache_kernel)
+#: an fp8 cache stores code bits: the cache's position among the kernel's arguments (``Plan.code_bits``)
+FP8_CODE_BITS = (list(inspect.signature(mla_rope_cache_kernel.fn).parameters).index("kv_cache_ptr"),)
 
 
 def launch(positions: torch.Tensor, q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tensor,
@@ -170,4 +173,4 @@ def _plan(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, slot_mapping, kv_
         num_tokens, num_heads, heads_per_program, slot_mapping.size(0), kv_cache.size(1), latent_dim, half,
         positions.stride(0), stride_q[0], stride_q[1], stride_k[0], stride_kv_c[0],
         stride_table[0], slot_mapping.stride(0), stride_cache[0], stride_cache[1],
-    ), constexprs, aligned, code_bits=() if fp8_format is None else (6,))  # an fp8 cache stores code bits
+    ), constexprs, aligned, code_bits=() if fp8_format is None else FP8_CODE_BITS)

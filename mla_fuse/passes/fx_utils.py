@@ -24,11 +24,6 @@ def is_op(node: object, *targets) -> bool:
     return isinstance(node, Node) and node.op == "call_function" and node.target in targets
 
 
-def is_auto_functionalized(node: object, op=None) -> bool:
-    """``auto_functionalized(op, ...)`` (of ``op`` when given)."""
-    return is_op(node, auto_functionalized) and (op is None or node.args[0] == op)
-
-
 def find_auto_functionalized(graph: Graph, op) -> list[Node]:
     return [n for n in graph.find_nodes(op="call_function", target=auto_functionalized) if n.args[0] == op]
 

@@ -154,7 +154,7 @@ class Expectation:
 
 @dataclasses.dataclass
 class Outcome:
-    """What a comparison measured (reported per property, see reporting.py)."""
+    """What a comparison measured (folded into its property's metrics by ``running/recording.py``)."""
 
     worst_rope_ulps: float = 0.0
     worst_rope_bound_fraction: float = 0.0  # |impl - exact| / bound: 1 is the edge of failing

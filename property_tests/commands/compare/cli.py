@@ -1,16 +1,16 @@
 """``mla-fuse compare``: implementations side by side on one set of cases.
 
-The command line here; the run in ``compare_run.py``.
+The command line here; the run in ``run.py``.
 
-1. Draw each operation's cases once, from the whole contract (``compare_cases.py``).
+1. Draw each operation's cases once, from the whole contract (``cases.py``).
 2. Run every case on every implementation, each in its own crash-isolating ``executor.Executor``
    child: ``pass``, ``fail`` (a wrong result, or an exception the kernel raised), ``crash``,
    ``hang``; a case outside an implementation's declared limits (or an operation it does not
    provide) is ``outside declared limits`` and does not run.
 3. Where two implementations both pass a case, measure how far apart they are
-   (``compare_distances.py``).
+   (``distances.py``).
 4. Print one table (rows: operation and cell; columns: implementations) and the differences,
-   and write ``REPORT_DIR/comparison.json`` (``compare_report.py``, docs/REPORT.md).
+   and write ``REPORT_DIR/comparison.json`` (``report.py``, docs/REPORT.md).
 
 The exit status is 0 when every case ran on every implementation, whatever the outcomes: a
 failure or a difference is a finding of the comparison, not an error of the command (gate an

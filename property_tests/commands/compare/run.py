@@ -1,10 +1,10 @@
-"""The run of ``mla-fuse compare`` (``compare.py``): every case on every implementation.
+"""The run of ``mla-fuse compare`` (``cli.py``): every case on every implementation.
 
 A case outside an implementation's declared limits, or of an operation it does not provide, is
 ``outside declared limits`` and does not run there. Every other case runs in the implementation's
 ``executor.Executor`` child, checked against the reference like ``*_matches_reference``: ``pass``,
 ``fail`` (a wrong result, or an exception the kernel raised), ``crash`` or ``hang``. Two passes
-of one case are measured against each other (``compare_distances.py``).
+of one case are measured against each other (``distances.py``).
 """
 
 from __future__ import annotations

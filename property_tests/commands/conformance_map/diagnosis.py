@@ -197,8 +197,9 @@ class Diagnosis:
         if not self.pair:
             return ("no passing example one field apart from a failing one was found (the passing cases "
                     "could not be reached one allowed field at a time)")
+        seeds = "" if self.pair.get("every_seed", True) else " (passes with this seed, not every seed)"
         return (f"{self.pair['field']} {self.pair['failing']} fails, {self.pair['passing']} passes, the rest of the "
-                "case the same" + ("" if self.pair.get("every_seed", True) else " (passes with this seed, not every seed)"))
+                f"case the same{seeds}")
 
     def lines(self, indent: str = "          ") -> list[str]:
         out = [f"{indent}trigger relation {name}: {value} fails, {'yes' if value == 'no' else 'no'} passes"
@@ -206,8 +207,10 @@ class Diagnosis:
         trivial = [f for f in self.fields if f.explained_by in [f"{p}: yes fails" for p in PRECONDITIONS]]
         out += [f"{indent}{finding.line()}" for finding in self.fields if finding not in trivial]
         if trivial:
-            out.append(f"{indent}{', '.join(f.field for f in trivial)}: pass only with values that leave nothing to do (no token, or no slot written) "
-                       f"({'; '.join(f'{f.field} {chr(44).join(f.passing)}' for f in trivial)})")
+            names = ", ".join(finding.field for finding in trivial)
+            passing = "; ".join(f"{finding.field} {','.join(finding.passing)}" for finding in trivial)
+            out.append(f"{indent}{names}: pass only with values that leave nothing to do (no token, or no slot "
+                       f"written) ({passing})")
         if self.dropped:
             out.append(f"{indent}({self.dropped} other field(s) varied: every value fails, so they are any value)")
         return out

@@ -2,9 +2,9 @@
 (docs/REPORT.md), with ``comparison.json`` where ``mla-fuse compare`` wrote one.
 
 Standard library only: the markup is built as strings with every value passed through
-``html.escape``; inline CSS, inline SVG (``report_heatmap.py``), no script, nothing fetched, so the
+``html.escape``; inline CSS, inline SVG (``heatmap.py``), no script, nothing fetched, so the
 page opens from a CI artifact as it is. Sections: the verdict, what ran and the environment, one
-row per operation, the conformance map as a heat map, the failing cells (``report_cells.py``:
+row per operation, the conformance map as a heat map, the failing cells (``cells.py``:
 each with its rate, its passing and failing values, its replay command and its reproducer), the
 deployments, the failures, the declarations, the declared limits, the coverage, the baseline and
 the implementations side by side. What a test looks for has a stable ``id`` or ``data-`` attribute:

@@ -1,4 +1,4 @@
-"""Markup shared by the HTML report's sections (``report_html.py``, ``report_cells.py``): the page's
+"""Markup shared by the HTML report's sections (``html.py``, ``cells.py``): the page's
 inline style and small builders that escape every value they are given as text."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What the report views (``report_html.py``, ``report_markdown.py``) are made from: a report
+"""What the report views (``html.py``, ``markdown.py``) are made from: a report
 directory's ``report.json`` (docs/REPORT.md), with schema 1 converted where it can be,
 ``comparison.json`` (``mla-fuse compare``) and ``outcomes.jsonl`` (examples per operation and
 feature value).

@@ -1,5 +1,5 @@
 """The views of a report directory, written from its ``report.json``: ``report.html``
-(``report_html.py``) and ``summary.md`` (``report_markdown.py``). ``verify`` writes them right after
+(``html.py``) and ``summary.md`` (``markdown.py``). ``verify`` writes them right after
 report.json; ``mla-fuse report DIR`` writes them again for an existing directory (a CI artifact,
 a committed report, schema 1 included)."""
 

@@ -1,4 +1,4 @@
-"""The text of a standalone reproducer (``reproducer.py`` fills it in): CONTRACT §1-§5 written out.
+"""The text of a standalone reproducer (``script.py`` fills it in): CONTRACT §1-§5 written out.
 
 A script is ``HEADER``, the constants and inputs, the kernel call, ``MEMORY`` (each buffer rebuilt
 between guard bytes, the arguments as the same views, the expected memory image), the helpers of

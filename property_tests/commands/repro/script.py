@@ -7,7 +7,7 @@ of the inputs of the one operation the cell's property checks, as raw bits (lite
 ``<cell>.pt`` beside it when a buffer holds more than ``LITERAL_ELEMENTS``), each argument rebuilt
 as the same view (storage offset, sizes, strides, and the buffer's start alignment mod 64) of a
 buffer lying between guard bytes, the kernel call, and the operation's formula written out in
-float64 (``reproducer_formulas.py``). The kernel call is the adapter's ``call_source[operation]``
+float64 (``formulas.py``). The kernel call is the adapter's ``call_source[operation]``
 (the import lines and the call, in CONTRACT §4's argument names); an adapter without one is imported
 from its module path and its method called. Each script then runs in a child (``python -I``:
 nothing of the current directory), once as is and once with ``--reference`` (the formula's values
@@ -247,7 +247,8 @@ def write_script(cell: dict, record: dict, directory: pathlib.Path, implementati
     return script, data, None if source or target["directory"] == "." else target["directory"]
 
 
-def judge(cell: dict, script: pathlib.Path, data: pathlib.Path | None, python: str, path: str | None = None) -> dict:
+def run_reproducer(cell: dict, script: pathlib.Path, data: pathlib.Path | None, python: str,
+                   path: str | None = None) -> dict:
     """Run the script as is and with ``--reference``: the cell's ``reproducer`` entry."""
     run, with_reference = run_script(python, script, path=path), run_script(python, script, "--reference", path=path)
     return {"script": str(script), "data": str(data) if data else None, "reproduced": reproduced(cell["kind"], run),
@@ -286,7 +287,7 @@ def write_reproducers(report_dir: pathlib.Path, report: dict, python: str = sys.
         except Exception as error:  # noqa: BLE001 - one cell's script must not cost the report
             print(f"reproducer: none for {cell['id']}: {type(error).__name__}: {error}"[:300], flush=True)
             continue
-        found = cell["reproducer"] = judge(cell, script, data, python, path)
+        found = cell["reproducer"] = run_reproducer(cell, script, data, python, path)
         print(f"reproducer: {found['script']} ({'reproduced' if found['reproduced'] else 'did not reproduce'}"
               f"{'' if found['passes_with_reference'] else '; FAILS with --reference'})", flush=True)
     report.setdefault("run", {}).setdefault("phases", {})["reproducers"] = round(time.monotonic() - started, 1)

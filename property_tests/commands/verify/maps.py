@@ -27,7 +27,7 @@ from mla_fuse_conformance.settings import profiles
 DEFAULT_SECONDS = MAP_SECONDS  # --map-seconds: ten minutes, so the properties and the map fit a CI job of an hour
 
 
-def property_of(nodeid: str, properties: dict):
+def property_of_test_id(nodeid: str, properties: dict):
     """The kernel property (of ``properties``, ``harness.all_properties()``) a test id runs, or None."""
     path, _, function = nodeid.partition("::")
     return properties.get(f"{pathlib.PurePath(path).stem}:{function.partition('[')[0]}")
@@ -46,7 +46,8 @@ def failing_properties(outcomes: list[dict]) -> list[str]:
         if failure and failure["property"] not in names:
             names.append(failure["property"])
     for line in outcomes:
-        prop = property_of(line["nodeid"], properties) if line["outcome"] == "failed" and not line.get("failure") else None
+        failed_without_file = line["outcome"] == "failed" and not line.get("failure")
+        prop = property_of_test_id(line["nodeid"], properties) if failed_without_file else None
         if prop is not None and not prop.needs_input_checks and prop.name not in names:
             names.append(prop.name)
     return names
@@ -63,8 +64,8 @@ def to_map(outcomes: list[dict]) -> list[str]:
     properties, failing = all_properties(), collections.Counter()
     for line in outcomes:
         if line["outcome"] == "failed":
-            prop = (line.get("failure") or {}).get("property") or getattr(property_of(line["nodeid"], properties),
-                                                                           "name", None)
+            prop = ((line.get("failure") or {}).get("property")
+                    or getattr(property_of_test_id(line["nodeid"], properties), "name", None))
             failing[prop] += 1
     names = [name for name in failing_properties(outcomes) if not property_named(name).needs_input_checks]
     return sorted(names, key=lambda name: (name.partition(":")[0] in EXPLICIT_ONLY_MODULES, -failing[name]))

@@ -48,7 +48,7 @@ from mla_fuse_conformance.commands.report import views as report_views
 
 from mla_fuse_conformance.commands.repro import script as reproducer
 from mla_fuse_conformance.commands.verify import maps, stopping
-from mla_fuse_conformance.commands.verify.maps import failing_properties, property_of  # noqa: F401 - verify's API
+from mla_fuse_conformance.commands.verify.maps import failing_properties, property_of_test_id  # noqa: F401 - verify's API
 from mla_fuse_conformance.settings import profiles
 from mla_fuse_conformance.running import devices, recording
 from mla_fuse_conformance.cases.features import describe
@@ -143,9 +143,10 @@ def summarize(outcomes: list[dict], spec: str) -> dict[str, OperationSummary]:
         metrics = line.get("metrics") or {}
         if metrics.get("impl") != spec:
             metrics = {}
-        prop = property_of(line["nodeid"], properties)
+        prop = property_of_test_id(line["nodeid"], properties)
         # a failure, or a deployment the declarations leave out, counts for its property's operations
-        declared_out = line["outcome"] == "skipped" and str(line.get("reason", "")).startswith(report_json.UNSUPPORTED)
+        declared_out = (line["outcome"] == "skipped"
+                        and str(line.get("reason", "")).startswith(report_json.UNSUPPORTED))
         operations = (metrics.get("operations") or (line.get("failure") or {}).get("operations")
                       or (prop.operations if prop is not None and (line["outcome"] == "failed" or declared_out)
                           else [other_row(line["nodeid"])]))
