@@ -55,6 +55,12 @@ OTHER_FILES = {
     "concat_and_cache_mla.py": "FlagGems' kernel file (adapters/flaggems.py)",
     "reshape_and_cache_flash.py": "FlagGems' kernel file (adapters/flaggems.py)",
     "patch_vllm_all.py": "FlagGems' patch of vLLM (adapters/flaggems.py)",
+    "rotary.py": "flash-attn's Triton rotary and its layer (adapters/flash_attn_rotary.py)",
+    "generation.py": "flash-attn's generation utilities (adapters/flash_attn_rotary.py)",
+    "mla_buffer.py": "SGLang's MLA cache write kernels (adapters/sglang_triton.py)",
+    "fused_qk_rope_reshape_and_cache.py": "SGLang's fused rope + cache write (adapters/sglang_triton.py)",
+    "memory_pool.py": "SGLang's KV pools (adapters/sglang_triton.py)",
+    "radix_attention.py": "SGLang's attention layer (adapters/sglang_triton.py)",
 }
 TOKEN = re.compile(r"[\w.\-/<>*{}$…]+")
 PLACEHOLDER = re.compile(r"[<>*{}$…]|\.\.\.")
