@@ -48,9 +48,12 @@ class TeamKernel(ReferenceImplementation):
 '''
 
 
-def verify(directory, scale: float) -> tuple[subprocess.CompletedProcess, dict]:
+def verify(directory, scale: float, **users) -> tuple[subprocess.CompletedProcess, dict]:
+    """``mla-fuse verify`` of the team's kernel from ``directory``, in a shell with no ``TRITON_INTERPRET`` (nor
+    the mark of one mla-fuse set) but the ``users`` variables."""
     (directory / "team.py").write_text(ADAPTER.format(scale=scale))
-    env = {key: value for key, value in os.environ.items() if key not in ("TRITON_INTERPRET", "CI")}
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("TRITON_INTERPRET", "MLA_FUSE_SET_TRITON_INTERPRET", "CI")} | users
     done = subprocess.run([sys.executable, "-m", "mla_fuse_conformance", "verify", "--impl", "team:TeamKernel", "-n", "1",
                            "--map-rounds", "0", "--", "-k", "test_rotary_embedding_matches_reference"],
                           cwd=directory, env=dict(env, PYTHONPATH=str(directory)), capture_output=True, text=True,
@@ -81,3 +84,16 @@ def test_the_users_own_setting_wins(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert devices.interpret_triton_without_a_gpu() == "the GPU (TRITON_INTERPRET=0, yours)"
     assert os.environ["TRITON_INTERPRET"] == "0"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the kernel runs there: nothing is set")
+@pytest.mark.parametrize("users", [{}, {"TRITON_INTERPRET": "1"}], ids=["set-by-mla-fuse", "the-users"])
+def test_a_replay_line_carries_the_users_triton_interpret(tmp_path, users):
+    """The user's own ``TRITON_INTERPRET`` is part of what the run needed: the printed replay line sets it (on a
+    GPU machine a replay without it would run the kernel on the GPU). One mla-fuse set is not printed:
+    ``mla-fuse repro`` sets it again where there is no GPU."""
+    done, report = verify(tmp_path, 1.5, **users)
+    (failure,) = (tmp_path / ".mla_fuse_failures").glob("*.json")
+    line = json.loads(failure.read_text())["replay"]
+    assert line.startswith("TRITON_INTERPRET=1 ") == bool(users), line
+    assert ("replay exactly: TRITON_INTERPRET=1 " in done.stdout) == bool(users)

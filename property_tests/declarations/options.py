@@ -18,3 +18,14 @@ CLI_REQUIRE_OPTION = "--require"
 # The implementation when no option names one (read by contract.implementation.resolve_spec).
 IMPL_ENV_VAR = "MLA_FUSE_IMPL"
 DEFAULT_IMPL = "triton"
+# Triton's switch to its interpreter, and the mark mla-fuse leaves beside it where it set the switch itself
+# (no GPU, none of the user's: running.devices.interpret_triton_without_a_gpu): processes started from a
+# run inherit both, so only a setting without the mark is the user's, which a printed replay line carries.
+TRITON_INTERPRET_ENV_VAR = "TRITON_INTERPRET"
+SET_BY_MLA_FUSE_ENV_VAR = "MLA_FUSE_SET_TRITON_INTERPRET"
+
+
+def users_triton_interpret(environ) -> str | None:
+    """The user's own ``TRITON_INTERPRET`` in ``environ`` (None: unset, or the value mla-fuse set, marked)."""
+    value = environ.get(TRITON_INTERPRET_ENV_VAR)
+    return None if value is None or environ.get(SET_BY_MLA_FUSE_ENV_VAR) == value else value

@@ -17,6 +17,8 @@ import os
 
 import torch
 
+from mla_fuse_conformance.declarations.options import (SET_BY_MLA_FUSE_ENV_VAR, TRITON_INTERPRET_ENV_VAR,
+                                                        users_triton_interpret)
 from mla_fuse_conformance.running import interpreter_corrections
 
 DEVICE_ENV_VAR = "MLA_FUSE_DEVICE"
@@ -36,7 +38,7 @@ def select_device() -> torch.device:
 
 # ------------------------------------------------------------------ where an adapter's Triton kernels run
 
-INTERPRET_ENV_VAR = "TRITON_INTERPRET"
+INTERPRET_ENV_VAR = TRITON_INTERPRET_ENV_VAR
 
 
 def interpret_triton_without_a_gpu() -> str:
@@ -45,13 +47,13 @@ def interpret_triton_without_a_gpu() -> str:
     under Triton's interpreter as the suite's own do, in this process and the processes it starts (pytest
     workers, the map's children, printed replays run by ``mla-fuse repro``, which calls this too). The
     user's own setting is kept. Returns where such kernels run, for the report's header."""
-    own = os.environ.get(INTERPRET_ENV_VAR)
+    own = users_triton_interpret(os.environ)
     if own is not None:
         on = own.strip().lower() in ("1", "true", "on", "yes")
         return ("Triton's interpreter" if on else "the GPU") + f" ({INTERPRET_ENV_VAR}={own}, yours)"
-    if torch.cuda.is_available():
+    if INTERPRET_ENV_VAR not in os.environ and torch.cuda.is_available():
         return "the GPU"
-    os.environ[INTERPRET_ENV_VAR] = "1"
+    os.environ[INTERPRET_ENV_VAR] = os.environ[SET_BY_MLA_FUSE_ENV_VAR] = "1"  # the mark: not the user's
     return f"Triton's interpreter ({INTERPRET_ENV_VAR}=1, set by mla-fuse: no GPU)"
 
 

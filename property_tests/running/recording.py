@@ -42,6 +42,7 @@ import sysconfig
 from typing import Callable
 
 from mla_fuse_conformance.cases import types as case_types
+from mla_fuse_conformance.declarations.options import TRITON_INTERPRET_ENV_VAR, users_triton_interpret
 from mla_fuse_conformance.running import interpreter_watch
 
 FAILURE_DIR_ENV = "MLA_FUSE_FAILURE_DIR"
@@ -313,14 +314,17 @@ def recorded_import_path(record: dict | None) -> list[str]:
 
 def replay_command(path: pathlib.Path, record: dict | None = None) -> str:
     """``mla-fuse repro FILE`` as it runs from any directory: the file's absolute path, after the
-    ``PYTHONPATH`` the file records (``record``, else read from ``path``)."""
+    ``PYTHONPATH`` the file records (``record``, else read from ``path``) and the user's own
+    ``TRITON_INTERPRET`` the run had (``environment``; one mla-fuse set, ``repro`` sets again)."""
     if record is None:
         try:
             record = json.loads(path.read_text())
         except (OSError, ValueError):
             record = None
     shown = str(pathlib.Path(path).absolute())
-    return f"{python_with(recorded_import_path(record))} -m mla_fuse_conformance repro {shlex.quote(shown)}"
+    environment = "".join(f"{name}={shlex.quote(value)} " for name, value in (record or {}).get("environment", {}).items())
+    return (f"{environment}{python_with(recorded_import_path(record))} -m mla_fuse_conformance repro "
+            f"{shlex.quote(shown)}")
 
 
 def save_failure(failure: dict, nodeid: str, profile: str) -> pathlib.Path:
@@ -336,6 +340,9 @@ def save_failure(failure: dict, nodeid: str, profile: str) -> pathlib.Path:
     path = directory / name
     record = dict(failure, nodeid=nodeid, profile=profile, hypothesis_version=hypothesis.__version__,
                   pythonpath=recorded_import_path(failure))  # `mla-fuse repro FILE` imports the adapter from it
+    users = users_triton_interpret(os.environ)
+    if users is not None:  # the user's own TRITON_INTERPRET: the printed replay sets it too
+        record["environment"] = {TRITON_INTERPRET_ENV_VAR: users}
     record["replay"] = replay_command(path, record)
     record["pytest"] = pytest_command(failure, nodeid, profile)
     path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
