@@ -112,7 +112,9 @@ def team_dir(tmp_path):
 
 
 def _run(bin_dir, team_dir, *command, timeout=1200):
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTEST_", "MLA_FUSE_", "PYTHON"))}
+    """``command`` in the team's shell: nothing of this test session's environment (its PYTEST_, MLA_FUSE_ and
+    PYTHON variables, the TRITON_INTERPRET the suite set), the venv's bin/ first on PATH."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTEST_", "MLA_FUSE_", "PYTHON", "TRITON_INTERPRET"))}
     env.update(PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", CI="true")
     return subprocess.run(command, cwd=team_dir, env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -159,7 +161,7 @@ def test_a_team_gates_its_kernel_from_its_own_directory(installed, team_dir, els
 
 def _not_activated_env(bin_dir) -> dict[str, str]:
     """The environment of a shell where the venv of ``bin_dir`` is not activated."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTEST_", "MLA_FUSE_", "PYTHON"))}
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTEST_", "MLA_FUSE_", "PYTHON", "TRITON_INTERPRET"))}
     env.update(PATH=os.pathsep.join(entry for entry in env.get("PATH", "").split(os.pathsep)
                                     if entry and pathlib.Path(entry).resolve() != bin_dir.resolve()), CI="true")
     return env
