@@ -318,3 +318,13 @@ def test_mla_fuse_verify_runs_it_on_sglangs_own_deployment(sglang_root, verify_o
                                          **({PATH_ENV_VAR: sglang_root} if sglang_root else {}))
     verdicts = {(entry["operation"], entry["verdict"]) for entry in report["deployments"]}
     assert code == 0 and verdicts == {("concat_and_cache_mla", "pass")}, report["deployments"]
+
+
+def test_an_empty_batch_writes_nothing_as_sglang_does(sglang):
+    """0 tokens: SGLang's ``_set_mla_kv_buffer_impl`` takes its no-rope branch (``cache_k_rope.numel() > 0`` is
+    false), a launch of no program; the adapter refused it as "no rope part", a failure that was not SGLang's."""
+    cache = torch.full((2, 4, 12), 7.0, dtype=torch.bfloat16, device=DEVICE)
+    sglang().concat_and_cache_mla(torch.empty(0, 8, dtype=torch.bfloat16, device=DEVICE),
+                                  torch.empty(0, 4, dtype=torch.bfloat16, device=DEVICE), cache,
+                                  torch.empty(0, dtype=torch.int64, device=DEVICE), "auto", torch.ones(1, device=DEVICE))
+    assert bool((cache == 7).all())

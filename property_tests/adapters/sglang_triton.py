@@ -150,6 +150,8 @@ def _set_mla_impl(kv_buffer, loc, cache_k_nope, cache_k_rope=None, *, reserved_s
     ``is_arch_support_pdl()``, False here; the no-rope branch, lines 221-237, is not the contract's)."""
     has_rope = cache_k_rope is not None and cache_k_rope.numel() > 0
     if not has_rope:
+        if loc.numel() == 0:  # an empty batch takes SGLang's no-rope branch, whose launch of no program writes nothing
+            return
         raise NotImplementedError("set_mla_kv_buffer_kernel_norope (no rope part) is not an operation of the contract")
     n_loc = loc.numel()
     nope_dim = cache_k_nope.shape[-1]
