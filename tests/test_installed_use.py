@@ -6,9 +6,12 @@ plain ``pytest --pyargs mla_fuse_conformance`` run; a buggy one fails (exit 1) a
 command it printed, run as printed from another directory, reproduces the failure (exit 1); a
 misspelled operation with ``--require`` fails; an adapter that does not import fails in one line
 (exit 2). Then the team's first campaign, from a venv of its own with the ``fuzz`` extra: it passes
-quietly on the correct adapter, and the lines it prints for the buggy one run from elsewhere.
+quietly on the correct adapter, and the lines it prints for the buggy one run from elsewhere. And a
+team's own ``@triton.jit`` kernel on a machine with no GPU: it runs under Triton's interpreter, corrected,
+with no ``TRITON_INTERPRET`` of the user's; it passes, and a bug planted in it is found.
 Building the venv costs about two minutes; it is built once per session (a file lock keeps
-xdist workers from building it twice).
+xdist workers from building it twice). The Triton kernel's two gates, one property each, cost about
+twenty seconds of CPU time together (up to a minute of wall time on a 2-core CPU busy with other runs).
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ import sys
 import textwrap
 
 import pytest
+import torch
 from filelock import FileLock
+from test_team_triton_kernel import ADAPTER as TRITON_ADAPTER
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -157,6 +162,35 @@ def test_a_team_gates_its_kernel_from_its_own_directory(installed, team_dir, els
     broken = _run(installed, team_dir, "mla-fuse", "verify", "--impl", "broken:Kernels")
     assert broken.returncode == 2 and broken.stdout == "", broken
     assert broken.stderr.strip().count("\n") == 0 and "my_missing_kernel_library" in broken.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the kernel runs there: nothing is set")
+def test_a_teams_triton_kernel_is_gated_under_the_interpreter_from_its_own_directory(installed, team_dir):
+    """tests/test_team_triton_kernel.py's team kernel (a ``@triton.jit`` kernel in the adapter's module, with a
+    mask of a block and a scalar comparison and bfloat16 arithmetic: uncorrected, the interpreter raises on the
+    one and computes the other on bit patterns) gated by the installed ``mla-fuse verify`` in the team's shell,
+    which has no ``TRITON_INTERPRET`` (``_run``: not the one this session set): mla-fuse sets it, and the
+    header says so; the kernel passes, and the same kernel at scale 1.5 (its planted bug) fails on a wrong
+    result. One property (``-n 0``: no worker to start, the pytest process mla-fuse starts runs the kernel)."""
+    (team_dir / "team_triton.py").write_text(TRITON_ADAPTER.format(scale=1.0))
+    # a module of its own: team_triton.py rewritten (the same size, perhaps the same second) could run as cached
+    (team_dir / "team_triton_planted.py").write_text(TRITON_ADAPTER.format(scale=1.5))
+    gate = ("--require", "rotary_embedding", "-n", "0", "--map-rounds", "0", "--", "-k",
+            "test_rotary_embedding_matches_reference")
+    report_file = team_dir / ".mla_fuse_reports" / "report.json"
+
+    good = _run(installed, team_dir, "mla-fuse", "verify", "--impl", "team_triton:TeamKernel", *gate)
+    assert good.returncode == 0 and "verdict: PASS" in good.stdout, good.stdout[-4000:] + good.stderr[-2000:]
+    assert ("an adapter's @triton.jit kernels on Triton's interpreter (TRITON_INTERPRET=1, set by mla-fuse: no GPU)"
+            in good.stdout), good.stdout[:2000]
+    passed = json.loads(report_file.read_text())["operations"]["rotary_embedding"]
+    assert passed["verdict"] == "pass" and passed["examples"], passed
+
+    planted = _run(installed, team_dir, "mla-fuse", "verify", "--impl", "team_triton_planted:TeamKernel", *gate)
+    assert planted.returncode == 1 and "verdict: FAIL" in planted.stdout, planted.stdout[-4000:]
+    report = json.loads(report_file.read_text())
+    assert report["operations"]["rotary_embedding"]["verdict"] == "FAIL", report["operations"]
+    assert {failure["kind"] for failure in report["failures"]} == {"wrong result"}, report["failures"]
 
 
 def _not_activated_env(bin_dir) -> dict[str, str]:

@@ -4,12 +4,14 @@ imported (``running.devices.interpret_triton_without_a_gpu``), so the kernel run
 interpreter as the suite's own do, and the header says so. Before, every example raised ``RuntimeError: 0
 active drivers ([]). There should only be one.`` and the report blamed the kernel. The kernel uses what
 Triton's interpreter gets wrong (a mask of a block and a scalar comparison, bfloat16 arithmetic): the run
-corrects it as it corrects its own (``running/interpreter_corrections.py``), and a planted bug (scale 1.5)
-is still found.
+corrects it as it corrects its own (``running/interpreter_corrections.py``; uncorrected, the correct kernel
+raises or computes wrongly), and a planted bug (scale 1.5) is still found. tests/test_installed_use.py gates
+the same module with the wheel installed in a fresh venv.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -17,7 +19,11 @@ import sys
 
 import pytest
 import torch
+from triton.runtime.interpreter import InterpretedFunction, InterpreterError
 
+from mla_fuse_conformance.running.interpreter_corrections import corrected_interpreter, uncorrected_interpreter
+
+# the team's module ({scale}: 1.0 correct, 1.5 the planted bug); tests/test_installed_use.py gates it installed
 ADAPTER = '''
 import triton
 import triton.language as tl
@@ -46,6 +52,38 @@ class TeamKernel(ReferenceImplementation):
         if query.numel() and query.is_contiguous():
             scale_first[(1,)](query, query[0].numel(), 1, SCALE=SCALE, BLOCK=1024)
 '''
+
+
+def team_kernel(directory, adapter: str):
+    """The team's ``scale_first`` from the module ``adapter`` written into ``directory``, interpreted."""
+    path = directory / "team_in_process.py"
+    path.write_text(adapter)
+    spec = importlib.util.spec_from_file_location("team_in_process", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return InterpretedFunction(module.scale_first.fn)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the corrections are the interpreter's")
+def test_the_correct_team_kernel_needs_the_corrections(tmp_path):
+    """What the run corrects is what this kernel needs to pass: on Triton's own interpreter it raises on its
+    mask, and without that mask its bfloat16 product by 1.0 changes the value; corrected, it leaves the row
+    as it was (as a GPU does)."""
+    row = torch.tensor([1.5, -2.0, 3.0, 0.25], dtype=torch.bfloat16)
+    kernel = team_kernel(tmp_path, ADAPTER.format(scale=1.0))
+    corrected = row.clone()
+    with corrected_interpreter():
+        kernel[(1,)](corrected, row.numel(), 1, SCALE=1.0, BLOCK=8)
+    assert torch.equal(corrected, row), corrected
+    with uncorrected_interpreter(), pytest.raises(InterpreterError, match="mask has unsupported dtype"):
+        kernel[(1,)](row.clone(), row.numel(), 1, SCALE=1.0, BLOCK=8)
+
+    block_mask_only = ADAPTER.format(scale=1.0).replace("mask = (offsets < n) & (flag > 0)", "mask = offsets < n")
+    assert "mask = offsets < n " in block_mask_only
+    uncorrected = row.clone()
+    with uncorrected_interpreter():
+        team_kernel(tmp_path, block_mask_only)[(1,)](uncorrected, row.numel(), 1, SCALE=1.0, BLOCK=8)
+    assert uncorrected[0] != row[0] and torch.equal(uncorrected[1:], row[1:]), uncorrected
 
 
 def verify(directory, scale: float, **users) -> tuple[subprocess.CompletedProcess, dict]:
