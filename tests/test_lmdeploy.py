@@ -4,12 +4,15 @@ docs/THIRD_PARTY.md is the report).
 Loading (nothing of LMDeploy imported); the mapping of the contract's slot mapping onto LMDeploy's step metadata
 (sequences, history, block tables, padded entries at the reserved block 0), by hand; fixed cases of each
 operation against the reference; a planted bug in each loaded kernel caught; the suite's own run on one
-deployment. Seconds under the interpreter.
+deployment; the confirmed defect (a NaN stored in an fp8 cache as +-448) by its second routes, the GPU compile's
+PTX and (nightly) the standalone reproducer. Seconds under the interpreter.
 """
 
 from __future__ import annotations
 
 import os
+import pathlib
+import subprocess
 import sys
 
 import pytest
@@ -241,3 +244,42 @@ def test_mla_fuse_verify_passes_it_on_a_deepseek_v3_decode_deployment(lmdeploy_r
     verdicts = {(entry["operation"], entry["verdict"]) for entry in report["deployments"]}
     assert code == 0 and verdicts == {("rotary_embedding", "pass"), ("concat_and_cache_mla", "pass")}, \
         report["deployments"]
+
+
+# ---------------------------------------------------------------- the confirmed defect: fp8 NaN stored as +-448
+
+
+REPRODUCER = pathlib.Path(__file__).parents[1] / "docs" / "upstream" / "lmdeploy-fp8-cache-nan.py"
+PTX_SCRIPT = pathlib.Path(__file__).parent / "data" / "lmdeploy_fp8_nan_ptx.py"
+
+
+def _without_interpret():
+    return {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+
+
+def test_a_nan_is_clamped_to_a_finite_value_in_the_gpu_compile_too(lmdeploy):
+    """The suite finds a NaN key stored as -448 under the interpreter (``max`` then ``min``). A GPU's compile
+    (sm_90, built without a GPU) does not propagate it either: fill_kv_cache.py:216's ``tl.clamp`` is
+    ``propagateNan = none`` and its PTX ``min.xorsign.abs.f32`` without ``.NaN`` (the other operand's magnitude);
+    with ``propagate_nan=tl.PropagateNan.ALL`` (the upstream draft's fix) it is ``min.NaN.xorsign.abs.f32``."""
+    pytest.importorskip("triton.backends.nvidia.compiler", reason="Triton's CUDA backend compiles the kernel")
+    from mla_fuse_conformance.adapters.lmdeploy import package_dir
+
+    for extra, clamp, minimum in (([], "propagateNan = none", "min.xorsign.abs.f32"),
+                                  (["--fixed"], "propagateNan = all", "min.NaN.xorsign.abs.f32")):
+        result = subprocess.run([sys.executable, str(PTX_SCRIPT), str(package_dir() / FILL_FILE), *extra],
+                                capture_output=True, text=True, timeout=300, env=_without_interpret())
+        assert result.returncode == 0, result.stderr[-2000:]
+        lines = result.stdout.splitlines()
+        assert "tt.clampf" in lines[0] and clamp in lines[0], lines
+        assert [line.split()[0] for line in lines[1:]] == [minimum, "cvt.rn.satfinite.e4m3x2.f32"], lines
+
+
+@pytest.mark.nightly  # two fresh interpreters; the defect itself is shown per change above (the GPU compile)
+def test_the_upstream_reproducer_exits_1_on_the_defect_and_0_with_reference(lmdeploy_root):
+    """docs/upstream/lmdeploy-fp8-cache-nan.py, standalone (torch, triton and the kernel file)."""
+    path = ["--path", lmdeploy_root] if lmdeploy_root else []
+    for extra, code in (([], 1), (["--reference"], 0)):
+        result = subprocess.run([sys.executable, str(REPRODUCER), *path, *extra], capture_output=True, text=True,
+                                env=_without_interpret(), timeout=300)
+        assert result.returncode == code, result.stdout + result.stderr
