@@ -155,18 +155,17 @@ def test_per_head_scales_are_refused_before_any_write(lmdeploy):
     assert all(torch.equal(_bits(c), b) for c, b in zip(caches, before))
 
 
-def test_an_empty_batch_is_refused_before_any_write(lmdeploy):
-    """No token: LMDeploy builds no step without a sequence (inputs_maker.py:53), declared ``empty_batch=False``;
-    refused, the cache untouched. The rope runs it (a launch of no program)."""
+def test_no_token_to_write_is_a_batch_of_no_sequence(lmdeploy):
+    """No token, or an empty ``slot_mapping`` for two tokens: a batch of no sequence, a launch of no program; the
+    cache untouched. The rope runs an empty batch too (a launch of no program)."""
     cache = _sentinel((2, 16, 12), torch.bfloat16)
-    empty = [torch.empty(0, width, dtype=torch.bfloat16, device=DEVICE) for width in (8, 4)]
-    with pytest.raises(NotImplementedError, match="without a sequence"):
-        lmdeploy().concat_and_cache_mla(*empty, cache, torch.empty(0, dtype=torch.int64, device=DEVICE), "auto",
-                                        torch.ones(1, device=DEVICE))
+    no_slots = torch.empty(0, dtype=torch.int64, device=DEVICE)
+    for tokens in (0, 2):
+        kv_c, k_pe = (randn(tokens, width, dtype=torch.bfloat16, seed=13) for width in (8, 4))
+        lmdeploy().concat_and_cache_mla(kv_c, k_pe, cache, no_slots, "auto", torch.ones(1, device=DEVICE))
     assert bool((cache == 7).all())
     query = torch.empty(0, 2, 8, device=DEVICE)
-    lmdeploy().rotary_embedding(torch.empty(0, dtype=torch.int64, device=DEVICE), query, query[:, :1], 8,
-                                rope_table(8, torch.float32), True)
+    lmdeploy().rotary_embedding(no_slots, query, query[:, :1], 8, rope_table(8, torch.float32), True)
 
 
 # ---------------------------------------------------------------- rope

@@ -42,7 +42,9 @@ entries have ``q_seqlens = kv_seqlens = 1`` and a block row of zeros
 (``kernels/cuda/step_metadata/fill_graph_common_inputs.py:79-84``, ``:150-152``): they write at slot 0. So
 ``padding_slot=0``: a padded token is such an entry (its own token written at slot 0, whose contents are not
 judged); a negative slot has no form and is refused. Tokens past a short ``slot_mapping`` belong to no sequence,
-as a graph's tokens past the step's own (fill_graph_common_inputs.py:111-126).
+as a graph's tokens past the step's own (fill_graph_common_inputs.py:111-126). No token to write (no token,
+or an empty ``slot_mapping``) is a batch of no sequence, a launch of no program: LMDeploy itself builds no
+such step (``inputs_maker.py:53`` takes the ``max`` of the block tables' lengths) and skips nothing else.
 
 Caches and fp8. A contract cache is viewed ``[NB, B, 1, L + R]`` (``unsqueeze(2)``: its strides kept; the
 kernel takes every stride). ``kv_cache_dtype`` names the ``QuantPolicy`` (``messages.py:20-27``): ``fp8`` and
@@ -97,8 +99,7 @@ RESERVED_SLOT = 0  # entry 0 of block 0, reserved "for dummy input and padding" 
 # The cache writes:
 # * messages.py:623-625: kernel_block_size (the block the kernel sees, schema.py:113) >= 16 and a power of 2;
 # * padded tokens at slot 0 (module docstring: config_builder.py:91-92, fill_graph_common_inputs.py:79-84).
-# * inputs_maker.py:53 (``max`` of the sequences' block counts) raises for a step of no sequence: no empty batch.
-_CACHE = dict(block_sizes=tuple(2 ** n for n in range(4, 13)), padding_slot=RESERVED_SLOT, empty_batch=False)
+_CACHE = dict(block_sizes=tuple(2 ** n for n in range(4, 13)), padding_slot=RESERVED_SLOT)
 # reshape_and_cache_flash: nn/attention.py:78-79 registers k_scale / v_scale as one-element buffers
 # (torch.ones(())), and the fp8 kernel loads one value (fill_kv_cache.py:214, 229): no per-head scales.
 CAPABILITIES = {"concat_and_cache_mla": Capabilities(**_CACHE),
@@ -230,12 +231,10 @@ class LmdeployImplementation:
         if kv_cache_dtype in FP8_DTYPE and k_cache.dtype == torch.uint8:  # schema.py:16-19: float8 caches
             k_cache, v_cache = k_cache.view(FP8_DTYPE[kv_cache_dtype]), v_cache.view(FP8_DTYPE[kv_cache_dtype])
         meta = metadata_of(slot_mapping.tolist(), k_cache.shape[1])  # host: LMDeploy builds it on the host too
-        if not meta["q_seqlens"]:
-            raise NotImplementedError("no token to write: LMDeploy builds no step without a sequence (its block "
-                                      "table's max(), engine/inputs_maker.py:53, raises)")
         device = key.device
         as_long = lambda values: torch.tensor(values, dtype=torch.long, device=device)  # noqa: E731
-        block_offsets = torch.tensor(meta["block_offsets"], dtype=torch.int32, device=device)
+        width = len(meta["block_offsets"][0]) if meta["block_offsets"] else 1
+        block_offsets = torch.tensor(meta["block_offsets"], dtype=torch.int32, device=device).reshape(-1, width)
         fp8 = quant_policy != 0
         self._run(self.functions["fill_kv_cache"], key, value, k_cache, v_cache, as_long(meta["q_start_loc"]),
                   as_long(meta["q_seqlens"]), kv_seq_length=as_long(meta["kv_seqlens"]),
