@@ -1,9 +1,10 @@
 """LMDeploy's PyTorch-engine Triton kernels as an implementation of the contract (``--impl lmdeploy``).
 
 Written against the ``lmdeploy`` 0.18.0 wheel (``version`` says which one ran). Three operations of CONTRACT §4,
-each called as LMDeploy's engine calls it (paths below are in ``lmdeploy/pytorch/``):
+each called as LMDeploy's engine calls it (paths below are in ``lmdeploy/pytorch/``; those starting
+``pytorch/``, and ``messages.py``, in ``lmdeploy/``):
 
-* ``rotary_embedding`` -> ``apply_rotary_pos_emb`` of ``kernels/cuda/apply_rotary_pos_emb.py``, as
+* ``rotary_embedding`` -> ``apply_rotary_pos_emb`` of ``pytorch/kernels/cuda/apply_rotary_pos_emb.py``, as
   ``TritonApplyRotaryEmbImpl.forward`` calls it with ``inplace=True`` (``backends/cuda/apply_rotary_emb.py:21-28``:
   ``q_embed=query``, ``k_embed=key``), the default of ``ApplyRotaryEmb.forward`` (``nn/rotary_embedding.py:257``);
   a call without a key as ``ApplyRotaryEmb.forward_single`` makes it (``nn/rotary_embedding.py:283-304``: a
@@ -16,13 +17,13 @@ each called as LMDeploy's engine calls it (paths below are in ``lmdeploy/pytorch
   gathered at ``positions`` and cast to the activations' dtype (``cos.to(dtype=dtype)``,
   ``backends/default/rotary_embedding.py:77``), in place of the cos/sin LMDeploy computes from ``position_ids``.
   A rank 2 ``[T, H * D]`` query or key is viewed ``[T, H, D]`` (LMDeploy's models pass head views).
-* ``concat_and_cache_mla`` -> ``fill_kv_cache`` of ``kernels/cuda/fill_kv_cache.py``, as DeepSeek-V2's MLA
+* ``concat_and_cache_mla`` -> ``fill_kv_cache`` of ``pytorch/kernels/cuda/fill_kv_cache.py``, as DeepSeek-V2's MLA
   attention reaches it (``models/deepseek_v2.py:568-580``): ``key_states [T, 1, L + R]`` = ``[kv_c | k_pe]``
   (the model writes ``k_pe`` into it, line 569), ``value_states = key_states[..., :L]``, ``k_cache =
   past_key_value[0]`` ``[NB, B, 1, L + R]`` and ``v_cache = k_cache[..., :L]`` (one storage: the kernel skips
   the value store, fill_kv_cache.py:873-874), through ``TritonAttentionImpl._fill_kv_cache_impl``
   (``backends/cuda/attention/default.py:262-299``), which dense MLA takes with a non-fp8-ds cache
-  (``backends/cuda/attention/__init__.py:133-135``; ``FlashMLAImpl`` delegates to it, ``mla.py:509-519``).
+  (``backends/cuda/attention/__init__.py:133-135``; ``FlashMLAImpl`` delegates to it, ``mla.py:507-519``).
 * ``reshape_and_cache_flash`` -> the same ``fill_kv_cache`` through the same ``_fill_kv_cache_impl``, with
   separate K and V caches ``[NB, B, Hkv, D]``, ``[NB, B, Hkv, Dv]`` (``bshd``; ``get_k_block_shape``,
   ``backends/cuda/op_backend.py:248-259``); a view with other strides passes its strides.
@@ -35,16 +36,18 @@ next entry of the block, or entry 0 of a block not yet in the sequence's table);
 first slot's entry (it holds the earlier positions of its first block); ``q_start_loc`` the exclusive cumsum of
 ``q_seqlens`` (``model_inputs.py:451-465``), ``kv_seqlens = q_seqlens + history`` (``model_inputs.py:401``), block
 tables padded with 0 (``engine/inputs_maker.py:49-59``), int32 as on CUDA (``inputs_maker.py:898-902``); and
-``max_q_seq_length`` the longest sequence (``inputs_maker.py:1034-1036``): 1 is the decode launch. Any
+``max_q_seq_length`` the longest sequence (``inputs_maker.py:1034-1040``): 1 is the decode launch. Any
 arrangement of distinct slots is so expressed. Padding: LMDeploy reserves block 0 "for dummy input and
 padding" (``engine/config_builder.py:91-92``, ``num_reserved_gpu_blocks=1``), and a CUDA graph's padded batch
 entries have ``q_seqlens = kv_seqlens = 1`` and a block row of zeros
-(``kernels/cuda/step_metadata/fill_graph_common_inputs.py:79-84``, ``:150-152``): they write at slot 0. So
-``padding_slot=0``: a padded token is such an entry (its own token written at slot 0, whose contents are not
-judged); a negative slot has no form and is refused. Tokens past a short ``slot_mapping`` belong to no sequence,
-as a graph's tokens past the step's own (fill_graph_common_inputs.py:111-126). No token to write (no token,
-or an empty ``slot_mapping``) is a batch of no sequence, a launch of no program: LMDeploy itself builds no
-such step (``inputs_maker.py:53`` takes the ``max`` of the block tables' lengths) and skips nothing else.
+(``pytorch/kernels/cuda/step_metadata/fill_graph_common_inputs.py:74-82`` and ``:134-139``, the table's
+rows past the batch zero; its CPU branch ``:170-173``): they write at slot 0. So
+``padding_slot=0``: a padded token is such an entry, of its own token (a graph's entries read token 0; slot 0's
+contents are not judged); a negative slot has no form and is refused. The contract's real tokens may take the
+other entries of block 0, which LMDeploy's allocator never hands out: the kernel writes them like any other. Tokens past a short ``slot_mapping`` belong to no sequence,
+as a graph's tokens past the step's own (fill_graph_common_inputs.py:114-126). No token to write (no token,
+or an empty ``slot_mapping``) is a batch of no sequence, a launch of no program (LMDeploy itself builds no
+such step: ``inputs_maker.py:53`` takes the ``max`` of the block tables' lengths).
 
 Caches and fp8. A contract cache is viewed ``[NB, B, 1, L + R]`` (``unsqueeze(2)``: its strides kept; the
 kernel takes every stride). ``kv_cache_dtype`` names the ``QuantPolicy`` (``messages.py:20-27``): ``fp8`` and
@@ -98,7 +101,7 @@ RESERVED_SLOT = 0  # entry 0 of block 0, reserved "for dummy input and padding" 
 
 # The cache writes:
 # * messages.py:623-625: kernel_block_size (the block the kernel sees, schema.py:113) >= 16 and a power of 2;
-# * padded tokens at slot 0 (module docstring: config_builder.py:91-92, fill_graph_common_inputs.py:79-84).
+# * padded tokens at slot 0 (module docstring: config_builder.py:91-92, fill_graph_common_inputs.py:74-82).
 _CACHE = dict(block_sizes=tuple(2 ** n for n in range(4, 13)), padding_slot=RESERVED_SLOT)
 # reshape_and_cache_flash: nn/attention.py:78-79 registers k_scale / v_scale as one-element buffers
 # (torch.ones(())), and the fp8 kernel loads one value (fill_kv_cache.py:214, 229): no per-head scales.
