@@ -31,7 +31,8 @@ SENTINEL = 0x5A
 @pytest.fixture(scope="module")
 def lmdeploy_root(third_party_root):
     """The directory ``${PATH_ENV_VAR}`` is to name (None: the installed package)."""
-    return third_party_root("lmdeploy", PATH_ENV_VAR, WHEEL_ENV_VAR, "LMDeploy", "lmdeploy==0.18.0")
+    return third_party_root("lmdeploy", PATH_ENV_VAR, WHEEL_ENV_VAR, "LMDeploy", "lmdeploy==0.18.0",
+                            only=("lmdeploy/messages.py", "lmdeploy/pytorch/kernels/cuda/", "lmdeploy-0.18.0.dist-info/"))
 
 
 @pytest.fixture
