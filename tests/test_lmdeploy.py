@@ -283,3 +283,38 @@ def test_the_upstream_reproducer_exits_1_on_the_defect_and_0_with_reference(lmde
         result = subprocess.run([sys.executable, str(REPRODUCER), *path, *extra], capture_output=True, text=True,
                                 env=_without_interpret(), timeout=300)
         assert result.returncode == code, result.stdout + result.stderr
+
+
+# ---------------------------------------------------------------- the confirmed defect: rope token addresses in int32
+
+
+ROPE_REPRODUCER = pathlib.Path(__file__).parents[1] / "docs" / "upstream" / "lmdeploy-rope-int32-offsets.py"
+ROPE_TTIR = pathlib.Path(__file__).parent / "data" / "lmdeploy_rope_ttir.py"
+
+
+def test_query_rows_2_31_elements_past_q_wrap_in_the_gpu_compile_too(lmdeploy):
+    """The suite's ``test_query_rows_a_huge_stride_apart`` crashes its worker under the interpreter. A GPU's
+    compile does the same arithmetic: the token stride is a ``tl.constexpr`` (apply_rotary_pos_emb.py:33), an
+    ``i32`` constant when it fits, and line 87 ``Q + pos_offset * stride_qs`` an ``i32`` multiply feeding
+    ``tt.addptr`` (the TTIR of a CUDA target, built without a GPU): 2 * (2^30 + 1) wraps to -2^31 + 2."""
+    pytest.importorskip("triton.backends.nvidia.compiler", reason="Triton's CUDA backend builds the TTIR")
+    from mla_fuse_conformance.adapters.lmdeploy import package_dir
+
+    assert torch.tensor(2, dtype=torch.int32) * torch.tensor(2 ** 30 + 1, dtype=torch.int32) == -2 ** 31 + 2
+    result = subprocess.run([sys.executable, str(ROPE_TTIR), str(package_dir() / ROPE_FILE)], capture_output=True,
+                            text=True, timeout=300, env=_without_interpret())
+    assert result.returncode == 0, result.stderr[-2000:]
+    constant, product, pointer = result.stdout.splitlines()
+    assert constant.endswith("arith.constant dense<1073741825> : tensor<16xi32>"), constant
+    assert "arith.muli %pos_offset" in product and product.endswith(": tensor<16xi32>"), product
+    assert "tt.addptr" in pointer and pointer.endswith("tensor<16xi32>"), pointer
+
+
+@pytest.mark.nightly  # an interpreter over an 8 GiB buffer (pages touched only), twice
+def test_the_rope_reproducer_exits_1_on_the_defect_and_0_with_reference(lmdeploy_root):
+    """docs/upstream/lmdeploy-rope-int32-offsets.py, standalone (torch, triton and the kernel file)."""
+    path = ["--path", lmdeploy_root] if lmdeploy_root else []
+    for extra, code in (([], 1), (["--reference"], 0)):
+        result = subprocess.run([sys.executable, str(ROPE_REPRODUCER), *path, *extra], capture_output=True,
+                                text=True, env=_without_interpret(), timeout=300)
+        assert result.returncode == code, result.stdout + result.stderr
