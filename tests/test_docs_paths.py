@@ -68,6 +68,7 @@ OTHER_FILES = {
     "model_inputs.py": "LMDeploy's step context (adapters/lmdeploy.py)",
     "turbo_quant.py": "LMDeploy's TurboQuant helpers (adapters/lmdeploy.py)",
     "default.py": "LMDeploy's default Triton attention backend (adapters/lmdeploy.py)",
+    "apply_rotary_pos_emb.py": "LMDeploy's Triton rope (adapters/lmdeploy.py)",
 }
 TOKEN = re.compile(r"[\w.\-/<>*{}$…]+")
 PLACEHOLDER = re.compile(r"[<>*{}$…]|\.\.\.")
