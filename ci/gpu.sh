@@ -27,8 +27,9 @@
 #             of the step's limit (reports/gpu/peers/<impl>/); their wheels from $MLA_FUSE_WHEELS (else
 #             pip download), unpacked into a temporary directory named by MLA_FUSE_FLAGGEMS_PATH /
 #             MLA_FUSE_LIGER_PATH / MLA_FUSE_LMDEPLOY_PATH (read, never imported); one of those set
-#             names a directory holding the unpacked package instead (copied there). A failing kernel is the finding; the step fails when a verify
-#             could not run (exit 2), ran past its share (124) or a wheel is missing
+#             names a directory holding the unpacked package instead (copied there). A failing kernel
+#             is the finding; the step fails when a verify could not run (exit 2), ran past its share
+#             (124) or a wheel is missing
 #
 # MLA_FUSE_GPU_STEPS     the steps, in order (default: "dispatch bench compile repro verify", 855 s
 #                        of limits: one 15-minute job; tiles, keys, test and peers are for a job of their own)

@@ -32,7 +32,8 @@ SENTINEL = 0x5A
 def lmdeploy_root(third_party_root):
     """The directory ``${PATH_ENV_VAR}`` is to name (None: the installed package)."""
     return third_party_root("lmdeploy", PATH_ENV_VAR, WHEEL_ENV_VAR, "LMDeploy", "lmdeploy==0.18.0",
-                            only=("lmdeploy/messages.py", "lmdeploy/pytorch/kernels/cuda/", "lmdeploy-0.18.0.dist-info/"))
+                            only=("lmdeploy/messages.py", "lmdeploy/pytorch/kernels/cuda/",
+                                  "lmdeploy-0.18.0.dist-info/"))
 
 
 @pytest.fixture
@@ -205,14 +206,15 @@ def test_rotary_embedding_fixed_cases(lmdeploy, dtype, head_size, rotary_dim, is
 # ---------------------------------------------------------------- planted bugs and the suite's own run
 
 
+_FILL_STORE = ("    k = tl.load(ks_ptrs, mask=mask_ks)\n    if BLOCK_DV > 0:\n"
+               "        v = tl.load(vs_ptrs, mask=mask_vs)\n"
+               "    tl.store(kc_ptrs, {}k, mask=mask_kc)")  # the bf16 kernel's store (fill_kv_cache.py:130-133)
 PLANTED = {  # bug -> (file, original text, planted text)
-    "fill": (FILL_FILE, "    k = tl.load(ks_ptrs, mask=mask_ks)\n    if BLOCK_DV > 0:\n        v = tl.load(vs_ptrs, mask=mask_vs)\n"
-             "    tl.store(kc_ptrs, k, mask=mask_kc)",
-             "    k = tl.load(ks_ptrs, mask=mask_ks)\n    if BLOCK_DV > 0:\n        v = tl.load(vs_ptrs, mask=mask_vs)\n"
-             "    tl.store(kc_ptrs, -k, mask=mask_kc)"),
+    "fill": (FILL_FILE, _FILL_STORE.format(""), _FILL_STORE.format("-")),
     "fp8": (FILL_FILE, "k = tl.load(ks_ptrs, mask=mask_ks).to(tl.float32) / k_scale",
             "k = tl.load(ks_ptrs, mask=mask_ks).to(tl.float32) * k_scale"),
-    "rope": (ROPE_FILE, "return x_l_new0 - x_l_new1, x_h_new0 + x_h_new1", "return x_l_new0 + x_l_new1, x_h_new0 + x_h_new1"),
+    "rope": (ROPE_FILE, "return x_l_new0 - x_l_new1, x_h_new0 + x_h_new1",
+             "return x_l_new0 + x_l_new1, x_h_new0 + x_h_new1"),
 }
 
 

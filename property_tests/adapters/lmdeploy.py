@@ -44,8 +44,9 @@ entries have ``q_seqlens = kv_seqlens = 1`` and a block row of zeros
 rows past the batch zero; its CPU branch ``:170-173``): they write at slot 0. So
 ``padding_slot=0``: a padded token is such an entry, of its own token (a graph's entries read token 0; slot 0's
 contents are not judged); a negative slot has no form and is refused. The contract's real tokens may take the
-other entries of block 0, which LMDeploy's allocator never hands out: the kernel writes them like any other. Tokens past a short ``slot_mapping`` belong to no sequence,
-as a graph's tokens past the step's own (fill_graph_common_inputs.py:114-126). No token to write (no token,
+other entries of block 0, which LMDeploy's allocator never hands out: the kernel writes them like any other.
+Tokens past a short ``slot_mapping`` belong to no sequence, as a graph's tokens past the step's own
+(fill_graph_common_inputs.py:114-126). No token to write (no token,
 or an empty ``slot_mapping``) is a batch of no sequence, a launch of no program (LMDeploy itself builds no
 such step: ``inputs_maker.py:53`` takes the ``max`` of the block tables' lengths).
 
@@ -188,7 +189,7 @@ def _heads(tensor: torch.Tensor | None, head_size: int) -> torch.Tensor | None:
 class LmdeployImplementation:
     """LMDeploy's ``fill_kv_cache`` and ``apply_rotary_pos_emb`` (module docstring)."""
 
-    rounding = "per_op"  # cos/sin cast to the activations' dtype, each product rounded (apply_rotary_pos_emb.py:81-84, 17-21)
+    rounding = "per_op"  # cos/sin cast to the activations' dtype, each product rounded (apply_rotary_pos_emb.py:81-84)
     padded_rows = "rotated"  # the rope is not told of padding: every row rotates
     checks_inputs = False  # the wrappers check TurboQuant sizes only
     capabilities = CAPABILITIES

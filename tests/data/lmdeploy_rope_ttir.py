@@ -32,7 +32,8 @@ functions = load_jit_functions(path, {"_apply_rotary_impl": ["triton.jit"],
                                {"triton": triton, "tl": tl}, False)
 kernel = functions["apply_rotary_pos_emb_qk_kernel"]
 names = kernel.arg_names
-types = {"Q": "*fp16", "K": "*fp16", "COS": "*fp16", "SIN": "*fp16", "Q_EMB": "*fp16", "K_EMB": "*fp16", "seq_len": "i32"}
+types = {"Q": "*fp16", "K": "*fp16", "COS": "*fp16", "SIN": "*fp16", "Q_EMB": "*fp16", "K_EMB": "*fp16",
+         "seq_len": "i32"}
 signature = {name: types.get(name, "constexpr") for name in names}
 source = ASTSource(fn=kernel, signature=signature,
                    constexprs={(names.index(name),): value for name, value in CONSTEXPRS.items()})
