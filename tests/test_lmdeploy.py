@@ -108,6 +108,11 @@ def test_a_contract_mla_cache_is_lmdeploys_shared_kv_cache(lmdeploy):
     for token, (block, entry) in enumerate([(1, 1), (1, 2), (2, 8)]):
         assert torch.equal(cache[block, entry], torch.cat([kv_c[token], k_pe[token]]))
     assert int((pool != 0).any(-1).sum()) == 3
+    before = pool.clone()
+    with pytest.raises(NotImplementedError, match="no negative slot"):  # -1 has no form: refused, nothing written
+        impl.concat_and_cache_mla(kv_c, k_pe, cache, torch.tensor([5, -1, 6], device=DEVICE), "auto",
+                                  torch.ones(1, device=DEVICE))
+    assert torch.equal(pool, before)
 
 
 # ---------------------------------------------------------------- cache writes against the reference
