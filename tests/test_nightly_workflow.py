@@ -213,10 +213,13 @@ def test_the_tests_marked_nightly_run_nightly_and_only_there():
     test_command = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
     install = test_command.removesuffix(" && pytest -n auto")
     steps = [line.strip() for line in branch.splitlines()
-             if line.strip() and not line.strip().startswith(("bash ci/install_redis.sh", "exec "))]
+             if line.strip() and not line.strip().startswith(("bash ci/install_redis.sh", ". ci/third_party_wheels.sh",
+                                                              "exec "))]
     assert install != test_command and " && ".join(steps) == install, (steps, install)
     # the Redis demonstration is nightly, and fails under CI=true without its server
     assert "bash ci/install_redis.sh" in branch and "install_redis" not in (ROOT / ".ci" / "run").read_text()
+    # the third parties' files, for the adapters' nightly reproducer tests (CI=true fails them without)
+    assert ". ci/third_party_wheels.sh" in branch and ". ci/third_party_wheels.sh" in (ROOT / ".ci" / "run").read_text()
 
     def collected(*options):
         listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
