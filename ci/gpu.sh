@@ -22,12 +22,14 @@
 #             (on an empty Triton cache an H200 ran 160 of its 250 properties in 6 minutes:
 #             keep the cache between runs, or give a cold run MLA_FUSE_LIMIT_verify=600)
 #   test      the suite (gpu profile) and the tests/ files that run on the kernels' device     480 s
-#   peers     the third-party Triton kernels natively (docs/THIRD_PARTY.md): mla-fuse verify    300 s
-#             --impl flaggems, then --impl liger, gpu profile, each under half the step's limit
-#             (reports/gpu/peers/<impl>/); their wheels from $MLA_FUSE_WHEELS (else pip download),
-#             unpacked into a temporary directory named by MLA_FUSE_FLAGGEMS_PATH / MLA_FUSE_LIGER_PATH
-#             (read, never imported). A failing kernel is the finding; the step fails when a verify
-#             could not run (exit 2), ran past its share (124) or a wheel is missing
+#   peers     the third-party Triton kernels natively (docs/THIRD_PARTY.md): mla-fuse verify    450 s
+#             --impl flaggems, then --impl liger, then --impl lmdeploy, gpu profile, each under a third
+#             of the step's limit (reports/gpu/peers/<impl>/); their wheels from $MLA_FUSE_WHEELS (else
+#             pip download), unpacked into a temporary directory named by MLA_FUSE_FLAGGEMS_PATH /
+#             MLA_FUSE_LIGER_PATH / MLA_FUSE_LMDEPLOY_PATH (read, never imported); one of those set
+#             names a directory holding the unpacked package instead (copied there). A failing kernel
+#             is the finding; the step fails when a verify could not run (exit 2), ran past its share
+#             (124) or a wheel is missing
 #
 # MLA_FUSE_GPU_STEPS     the steps, in order (default: "dispatch bench compile repro verify", 855 s
 #                        of limits: one 15-minute job; tiles, keys, test and peers are for a job of their own)
@@ -51,7 +53,7 @@
 # Offline runner whose python3 already holds a CUDA build of torch (>= 2.11) and triton (>= 3.6):
 #   MLA_FUSE_WHEELS=DIR  installs every wheel in DIR (mla_fuse's: `pip wheel --no-deps -w DIR .`;
 #                        flag-gems, sqlalchemy and greenlet for the FlagGems peer of the bench step;
-#                        flag-gems and liger-kernel for the peers step, which reads them from DIR; any
+#                        flag-gems, liger-kernel and lmdeploy for the peers step, which reads them from DIR; any
 #                        of the test extra the machine lacks) with no index and no dependencies.
 #   MLA_FUSE_INSTALLED=1 installs nothing: python3 already imports mla_fuse and its test extra.
 set -uo pipefail
@@ -70,7 +72,7 @@ print("torch", torch.__version__, "triton", triton.__version__, "hypothesis", hy
       "mla_fuse", mla_fuse.__version__, "device", torch.cuda.get_device_name() if torch.cuda.is_available() else "none")' \
   | tee reports/gpu/versions.txt
 
-declare -A LIMIT=([dispatch]=45 [bench]=120 [tiles]=240 [compile]=150 [keys]=150 [repro]=120 [verify]=420 [test]=480 [peers]=300)
+declare -A LIMIT=([dispatch]=45 [bench]=120 [tiles]=240 [compile]=150 [keys]=150 [repro]=120 [verify]=420 [test]=480 [peers]=450)
 cache_dir=${TRITON_CACHE_DIR:-$HOME/.triton/cache}
 kernels() { find "$1" -name '*.cubin' -o -name '*.hsaco' 2>/dev/null | wc -l; }
 suite=(python3 -m pytest -p no:cacheprovider --pyargs mla_fuse_conformance --mla-fuse-impl=triton)
@@ -98,21 +100,26 @@ step_repro() {  # a planted bug on CUDA: each cell's reproducer must name DEVICE
   [ "${made:-0}" -gt 0 ] && [ "$made" = "$reproduced" ] && [ "$made" = "$cuda" ]
 }
 
-step_peers() {  # FlagGems' and Liger-Kernel's kernels on the GPU, read from their wheels (unpacked, never imported)
+step_peers() {  # FlagGems', Liger-Kernel's and LMDeploy's kernels on the GPU, from their wheels (never imported)
   local unpacked each impl package pin var wheel where out code status=0
   unpacked=$(mktemp -d)
-  each=$((step_limit > 60 ? step_limit / 2 - 15 : 15))  # each verify's share of the step's limit (both report)
+  each=$((step_limit > 90 ? step_limit / 3 - 15 : 15))  # each verify's share of the step's limit (all report)
   for peer in "flaggems flag_gems flag-gems==5.0.2 MLA_FUSE_FLAGGEMS_PATH" \
-              "liger liger_kernel liger-kernel==0.8.5 MLA_FUSE_LIGER_PATH"; do
+              "liger liger_kernel liger-kernel==0.8.5 MLA_FUSE_LIGER_PATH" \
+              "lmdeploy lmdeploy lmdeploy==0.18.0 MLA_FUSE_LMDEPLOY_PATH"; do
     read -r impl package pin var <<< "$peer"
-    if [ -n "${MLA_FUSE_WHEELS:-}" ]; then
+    if [ -n "${!var:-}" ]; then  # a directory given (LMDeploy's 107 MB wheel travels badly: its kernel files do)
+      wheel=given && mkdir -p "$unpacked/$impl" && cp -r "${!var}/." "$unpacked/$impl/"
+      where="in \$$var"
+    elif [ -n "${MLA_FUSE_WHEELS:-}" ]; then
       wheel=$(ls "$MLA_FUSE_WHEELS/$package"-*.whl 2>/dev/null | tail -1)
       where="in $MLA_FUSE_WHEELS"
-    else
-      wheel=$(python3 -m pip download -q --no-deps "$pin" -d "$unpacked" && ls "$unpacked/$package"-*.whl | tail -1)
+    else  # binary only: LMDeploy's sdist would build its C++ engine
+      wheel=$(python3 -m pip download -q --no-deps --only-binary=:all: "$pin" -d "$unpacked" \
+              && ls "$unpacked/$package"-*.whl | tail -1)
       where="from pip download $pin"
     fi
-    if [ -z "$wheel" ] || ! python3 -m zipfile -e "$wheel" "$unpacked/$impl"; then
+    if [ -z "$wheel" ] || { [ "$wheel" != given ] && ! python3 -m zipfile -e "$wheel" "$unpacked/$impl"; }; then
       echo "summary: $impl: no $package wheel $where"
       status=1; continue
     fi

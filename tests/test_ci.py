@@ -103,7 +103,7 @@ def test_pyproject_installs_every_package_of_the_tree():
 
 
 FAKE_MLA_FUSE = """#!/usr/bin/env bash
-package=${MLA_FUSE_FLAGGEMS_PATH:-${MLA_FUSE_LIGER_PATH:-/nowhere}}
+package=${MLA_FUSE_FLAGGEMS_PATH:-${MLA_FUSE_LIGER_PATH:-${MLA_FUSE_LMDEPLOY_PATH:-/nowhere}}}
 echo "$(printf '%q ' "$@")| $(ls "$package" | tr '\\n' ' ')| $MLA_FUSE_FAILURE_DIR" >> "$CALLS"
 echo "verdict: FAIL"
 exit $(cat "$EXITS/$3")
@@ -133,13 +133,14 @@ def peers_tree(tmp_path: pathlib.Path, packages: tuple[str, ...]) -> dict:
             "MLA_FUSE_LIMIT_peers": "100", "TRITON_CACHE_DIR": str(tmp_path / "triton"), "HOME": str(tmp_path)}
 
 
-def test_the_gpu_jobs_peers_step_verifies_flaggems_and_liger_from_the_wheels_it_is_given(tmp_path):
+def test_the_gpu_jobs_peers_step_verifies_flaggems_liger_and_lmdeploy_from_the_wheels_it_is_given(tmp_path):
     """ci/gpu.sh's ``peers`` step (no GPU needed to check its wiring: a fake ``mla-fuse``): each wheel of
-    $MLA_FUSE_WHEELS unpacked and named by the adapter's variable, a verify each under half the step's limit; a
-    failing kernel (exit 1) leaves the step ok, a verify that could not run (2) or a missing wheel fails it."""
-    env = peers_tree(tmp_path, ("flag_gems", "liger_kernel"))
-    for codes, expected in (((1, 0), 0), ((0, 2), 1)):
-        for impl, code in zip(("flaggems", "liger"), codes):
+    $MLA_FUSE_WHEELS unpacked and named by the adapter's variable, a verify each under a third of the step's limit;
+    a failing kernel (exit 1) leaves the step ok, a verify that could not run (2) or a missing wheel fails it."""
+    peers = (("flaggems", "flag_gems"), ("liger", "liger_kernel"), ("lmdeploy", "lmdeploy"))
+    env = peers_tree(tmp_path, tuple(package for _, package in peers))
+    for codes, expected in (((1, 0, 1), 0), ((0, 2, 0), 1)):
+        for (impl, _), code in zip(peers, codes):
             (tmp_path / "exits" / impl).write_text(str(code))
         (tmp_path / "calls").unlink(missing_ok=True)
         result = subprocess.run(["bash", str(tmp_path / "ci" / "gpu.sh")], env=env, capture_output=True, text=True,
@@ -147,14 +148,13 @@ def test_the_gpu_jobs_peers_step_verifies_flaggems_and_liger_from_the_wheels_it_
         out = result.stdout + result.stderr
         assert result.returncode == expected, out
         calls = [line.split(" | ") for line in (tmp_path / "calls").read_text().splitlines()]
-        assert [call[0].split()[:3] for call in calls] == [["verify", "--impl", impl] for impl in ("flaggems", "liger")]
+        assert [call[0].split()[:3] for call in calls] == [["verify", "--impl", impl] for impl, _ in peers]
         assert all("--profile gpu --report-dir reports/gpu/peers/" in call[0] for call in calls), calls
-        assert [call[1].split() for call in calls] == [["flag_gems", "flag_gems-1.0.dist-info"],
-                                                       ["liger_kernel", "liger_kernel-1.0.dist-info"]]
-        assert [call[2] for call in calls] == [f"reports/gpu/peers/{impl}/failures" for impl in ("flaggems", "liger")]
-        for (impl, package), code in zip((("flaggems", "flag_gems"), ("liger", "liger_kernel")), codes):
+        assert [call[1].split() for call in calls] == [[package, f"{package}-1.0.dist-info"] for _, package in peers]
+        assert [call[2] for call in calls] == [f"reports/gpu/peers/{impl}/failures" for impl, _ in peers]
+        for (impl, package), code in zip(peers, codes):
             assert f"{impl}, {package}-1.0-py3-none-any.whl: verify --profile gpu exit {code} " in out, out
-        assert "past 35 s" in out, out  # half the step's 100 s, less 15
+        assert "past 18 s" in out, out  # a third of the step's 100 s, less 15
         assert ("peers     ok" if expected == 0 else "peers     FAILED (1)") in out, out
     (tmp_path / "wheels" / "liger_kernel-1.0-py3-none-any.whl").unlink()
     (tmp_path / "exits" / "liger").write_text("0")

@@ -61,6 +61,14 @@ OTHER_FILES = {
     "fused_qk_rope_reshape_and_cache.py": "SGLang's fused rope + cache write (adapters/sglang_triton.py)",
     "memory_pool.py": "SGLang's KV pools (adapters/sglang_triton.py)",
     "radix_attention.py": "SGLang's attention layer (adapters/sglang_triton.py)",
+    "fill_kv_cache.py": "LMDeploy's paged cache write kernels (adapters/lmdeploy.py)",
+    "messages.py": "LMDeploy's QuantPolicy and engine configs (adapters/lmdeploy.py)",
+    "fill_graph_common_inputs.py": "LMDeploy's CUDA-graph input padding (adapters/lmdeploy.py)",
+    "inputs_maker.py": "LMDeploy's step inputs (adapters/lmdeploy.py)",
+    "model_inputs.py": "LMDeploy's step context (adapters/lmdeploy.py)",
+    "turbo_quant.py": "LMDeploy's TurboQuant helpers (adapters/lmdeploy.py)",
+    "default.py": "LMDeploy's default Triton attention backend (adapters/lmdeploy.py)",
+    "apply_rotary_pos_emb.py": "LMDeploy's Triton rope (adapters/lmdeploy.py)",
 }
 TOKEN = re.compile(r"[\w.\-/<>*{}$…]+")
 PLACEHOLDER = re.compile(r"[<>*{}$…]|\.\.\.")

@@ -92,7 +92,7 @@ def test_the_torch_legs_run_nightly_on_a_cpu_runner_with_the_ci_sizes():
     subprocess.run(["bash", "-n", str(ROOT / "ci" / "version_leg.sh")], check=True)
 
 
-ADAPTERS = ["vllm-triton", "flaggems", "liger", "flash-attn-rotary", "sglang-triton"]
+ADAPTERS = ["vllm-triton", "flaggems", "liger", "flash-attn-rotary", "sglang-triton", "lmdeploy"]
 ADAPTERS_SCRIPT = ROOT / "ci" / "adapters_report.sh"
 
 
@@ -135,7 +135,7 @@ def test_the_adapters_verify_command_is_one_mla_fuse_accepts():
 
 FAKE_MLA_FUSE = """#!/usr/bin/env bash
 echo "$(printf "%q " "$@")| ${MLA_FUSE_FLAGGEMS_PATH:-} | ${MLA_FUSE_LIGER_PATH:-} | ${MLA_FUSE_FLASH_ATTN_PATH:-} \
-| ${MLA_FUSE_SGLANG_PATH:-} | $MLA_FUSE_FAILURE_DIR" >> "$CALLS"
+| ${MLA_FUSE_SGLANG_PATH:-} | ${MLA_FUSE_LMDEPLOY_PATH:-} | $MLA_FUSE_FAILURE_DIR" >> "$CALLS"
 echo "verdict: from $3"
 exit $(cat "$EXITS/$3")
 """
@@ -160,8 +160,8 @@ def fake_sdist(path: pathlib.Path, top: str, package: str) -> pathlib.Path:
 
 def test_the_adapters_script_fails_only_when_a_verify_could_not_run(tmp_path):
     """The script run (copied into an empty tree) with a fake ``mla-fuse``: each adapter once, FlagGems from a
-    wheel it unpacks, Liger from a directory given, flash-attn from an sdist it unpacks, SGLang from a wheel, the extra
-    arguments appended; verify's exit 1 (a
+    wheel it unpacks, Liger from a directory given, flash-attn from an sdist it unpacks, SGLang and LMDeploy from a
+    wheel, the extra arguments appended; verify's exit 1 (a
     failing kernel) leaves the script's status 0, exit 2 (could not run) makes it 1."""
     (tmp_path / "ci").mkdir()
     (tmp_path / "ci" / "adapters_report.sh").write_text(ADAPTERS_SCRIPT.read_text())
@@ -176,8 +176,9 @@ def test_the_adapters_script_fails_only_when_a_verify_could_not_run(tmp_path):
            "MLA_FUSE_LIGER_PATH": "/opt/liger",
            "MLA_FUSE_FLASH_ATTN_SDIST": str(fake_sdist(tmp_path / "fa.tar.gz", "flash_attn-2.8.3.post2", "flash_attn")),
            "MLA_FUSE_SGLANG_WHEEL": str(fake_wheel(tmp_path / "sglang.whl", "sglang")),
+           "MLA_FUSE_LMDEPLOY_WHEEL": str(fake_wheel(tmp_path / "lmdeploy.whl", "lmdeploy")),
            "MLA_FUSE_VERIFY_ARGS": "-n 1 -- -k 'in_deployment and llama'"}
-    for codes, expected in (((0, 1, 1, 1, 1), 0), ((1, 2, 0, 0, 0), 1), ((0, 0, 0, 0, 2), 1)):
+    for codes, expected in (((0, 1, 1, 1, 1, 1), 0), ((1, 2, 0, 0, 0, 0), 1), ((0, 0, 0, 0, 0, 2), 1)):
         for impl, code in zip(ADAPTERS, codes):
             (exits / impl).write_text(str(code))
         (tmp_path / "calls").unlink(missing_ok=True)
@@ -193,7 +194,8 @@ def test_the_adapters_script_fails_only_when_a_verify_could_not_run(tmp_path):
         assert calls[3][3] == "reports/adapters/packages/flash-attn/flash_attn-2.8.3.post2"
         assert (tmp_path / calls[3][3] / "flash_attn" / "__init__.py").is_file()
         assert calls[4][4] == "reports/adapters/packages/sglang" and (tmp_path / calls[4][4] / "sglang").is_dir()
-        assert [call[5] for call in calls] == [f"reports/adapters/{impl}/failures" for impl in ADAPTERS]
+        assert calls[5][5] == "reports/adapters/packages/lmdeploy" and (tmp_path / calls[5][5] / "lmdeploy").is_dir()
+        assert [call[6] for call in calls] == [f"reports/adapters/{impl}/failures" for impl in ADAPTERS]
         for impl, code in zip(ADAPTERS, codes):
             assert f"{impl}: mla-fuse verify exit status {code} " in result.stdout, result.stdout
             assert (tmp_path / "reports" / "adapters" / impl / "verify.log").read_text().startswith("verdict: from")
@@ -211,10 +213,13 @@ def test_the_tests_marked_nightly_run_nightly_and_only_there():
     test_command = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
     install = test_command.removesuffix(" && pytest -n auto")
     steps = [line.strip() for line in branch.splitlines()
-             if line.strip() and not line.strip().startswith(("bash ci/install_redis.sh", "exec "))]
+             if line.strip() and not line.strip().startswith(("bash ci/install_redis.sh", ". ci/third_party_wheels.sh",
+                                                              "exec "))]
     assert install != test_command and " && ".join(steps) == install, (steps, install)
     # the Redis demonstration is nightly, and fails under CI=true without its server
     assert "bash ci/install_redis.sh" in branch and "install_redis" not in (ROOT / ".ci" / "run").read_text()
+    # the third parties' files, for the adapters' nightly reproducer tests (CI=true fails them without)
+    assert ". ci/third_party_wheels.sh" in branch and ". ci/third_party_wheels.sh" in (ROOT / ".ci" / "run").read_text()
 
     def collected(*options):
         listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",

@@ -32,7 +32,8 @@ signature cannot be read (``torch.ops`` builtins, C extensions) is accepted: sig
 readable; checked when called (``Implementation.unchecked`` lists them).
 
 A SPEC names one: a registered name (``triton``, ``reference``, ``vllm``, ``vllm-triton``, ``flaggems``,
-``liger``, ``flash-attn-rotary``, ``flashinfer``, ``sglang``, ``sglang-triton``, the mutants ``mutant:NAME``), or
+``liger``, ``flash-attn-rotary``, ``flashinfer``, ``sglang``, ``sglang-triton``, ``lmdeploy``, the mutants
+``mutant:NAME``), or
 ``module.path:attr`` for any importable module (the current directory is importable); a class is instantiated with no
 arguments.
 ``$MLA_FUSE_IMPL`` is the fallback when no SPEC is given. A SPEC that cannot be loaded raises
@@ -77,6 +78,7 @@ BUILT_IN: dict[str, str] = {
     "sglang-triton": "mla_fuse_conformance.adapters.sglang_triton:SglangTritonImplementation",
     "flashinfer": "mla_fuse_conformance.adapters.flashinfer:FlashInferImplementation",
     "sglang": "mla_fuse_conformance.adapters.sglang:SglangImplementation",
+    "lmdeploy": "mla_fuse_conformance.adapters.lmdeploy:LmdeployImplementation",
 }
 MUTANT_PREFIX = "mutant:"
 

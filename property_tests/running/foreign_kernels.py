@@ -5,7 +5,8 @@ Shared by the adapters that verify a third party's Triton kernels (``adapters/vl
 what they share lives here). What it has:
 
 ``load_jit_functions`` parses a kernel file with ``ast``, takes the named function definitions,
-checks their decorators are exactly the ones expected, drops them, and compiles those definitions
+checks their decorators are exactly the ones expected, drops them (a ``triton.jit(...)``'s literal
+keyword arguments, ``do_not_specialize``, are handed to the function built), and compiles those definitions
 alone under the file's own name and line numbers, with globals the caller gives (the real
 ``triton`` and ``tl``, constants, helper namespaces). Each comes back built for the backend asked
 for: an ``InterpretedFunction`` or a ``JITFunction``, what ``@triton.jit`` would have built. Triton
@@ -46,14 +47,23 @@ def load_jit_functions(path: pathlib.Path, decorated: dict[str, list[str]], name
     another one loaded with it (a ``@jit`` helper of the same file) calls the built helper, which the
     interpreter rewrites and a GPU compiles, not the bare Python function."""
     scope = _compiled(path, decorated, namespace, source)
+    options = {name: _jit_options(decorators) for name, decorators in decorated.items()}
     if interpreted:
         from triton.runtime.interpreter import InterpretedFunction
 
-        built = {name: InterpretedFunction(scope[name]) for name in decorated}
+        built = {name: InterpretedFunction(scope[name], **options[name]) for name in decorated}
     else:
-        built = {name: triton.runtime.jit.JITFunction(scope[name]) for name in decorated}
+        built = {name: triton.runtime.jit.JITFunction(scope[name], **options[name]) for name in decorated}
     scope.update(built)
     return built
+
+
+def _jit_options(decorators: list[str]) -> dict:
+    """The keyword arguments of a ``triton.jit(...)`` decorator as written (``do_not_specialize=('seq_len',)``),
+    literals only: what ``@triton.jit(...)`` hands the ``JITFunction`` it builds; {} for a bare decorator."""
+    calls = [ast.parse(decorator, mode="eval").body for decorator in decorators]
+    calls = [call for call in calls if isinstance(call, ast.Call) and ast.unparse(call.func) == "triton.jit"]
+    return {keyword.arg: ast.literal_eval(keyword.value) for call in calls for keyword in call.keywords}
 
 
 def load_functions(path: pathlib.Path, names: tuple[str, ...], namespace: dict, source: str | None = None) -> dict:
