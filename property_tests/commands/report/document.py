@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import functools
 import dataclasses
+import json
 import pathlib
 import re
 
@@ -20,6 +21,7 @@ from mla_fuse_conformance.commands.report.defects import defects
 from mla_fuse_conformance.running import recording
 
 SCHEMA = 2
+REPORT_FILE = "report.json"
 # events counted by the recorder's metrics, and events that are one feature value
 COUNTED_EVENTS = {"fp8 saturation": "saturation_cases", "padded slot": "padded_slot_cases"}
 VALUE_EVENTS = {"NaN input": ("NaN inputs", "yes"), "short slot_mapping": ("slot_mapping length", "< T"),
@@ -211,6 +213,13 @@ def report(run: dict, environment: dict, implementation: dict, operations: dict,
             "verdict": "FAIL" if run["exit_code"] else "PASS", "operations": operations, "coverage": coverage,
             "deployments": deployments, "cells": found, "defects": defects(found), "failures": failures(outcomes),
             "limits": [dataclasses.asdict(check) for check in limits], "maps": [dataclasses.asdict(m) for m in maps]}
+
+
+def write(report_dir: pathlib.Path, report: dict) -> pathlib.Path:
+    """``report_dir/report.json``, replaced whole (a reader, or a signal, never finds half a file)."""
+    path = pathlib.Path(report_dir) / REPORT_FILE
+    recording.write_atomic(path, json.dumps(report, indent=2) + "\n")
+    return path
 
 
 def junit_properties(path: pathlib.Path, found: dict, described: dict) -> None:

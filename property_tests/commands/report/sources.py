@@ -16,8 +16,8 @@ import json
 import pathlib
 
 from mla_fuse_conformance.commands.report.defects import defects
+from mla_fuse_conformance.commands.report.document import REPORT_FILE
 
-REPORT_FILE = "report.json"
 COMPARISON_FILE = "comparison.json"
 SCHEMA1_MISSING = ("environment", "coverage", "deployments")
 

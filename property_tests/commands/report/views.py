@@ -8,6 +8,7 @@ from __future__ import annotations
 import pathlib
 import sys
 
+from mla_fuse_conformance.commands.report import document
 from mla_fuse_conformance.commands.report import html as report_html
 
 from mla_fuse_conformance.commands.report import markdown as report_markdown
@@ -52,7 +53,7 @@ def reproduce(report_dir: pathlib.Path) -> None:
     if report is None or report.get("schema", 1) < 2:
         raise ValueError("--reproducers needs a schema-2 report.json (written by mla-fuse verify)")
     relocate_failure_files(report_dir, report)
-    reproducer.write_reproducers(pathlib.Path(report_dir), report)
+    document.write(report_dir, reproducer.write_reproducers(pathlib.Path(report_dir), report))
 
 
 def main(report_dir: pathlib.Path, reproducers: bool = False) -> int:

@@ -13,7 +13,8 @@ from its module path and its method called. Each script then runs in a child (``
 nothing of the current directory), once as is and once with ``--reference`` (the formula's values
 judged instead of the kernel's, which must conform), and the cell gets ``reproducer``: the script,
 its data, whether it reproduced (the same signal for a crash, or the write outside a buffer that
-causes it) and whether it passes with the reference. ``report.json`` is rewritten.
+causes it) and whether it passes with the reference. The caller writes the report
+(``report/document.py``'s ``write``, the one writer of report.json).
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ from mla_fuse_conformance.cases import tensors
 from mla_fuse_conformance.declarations.operations import (CACHING_OPERATIONS, FUSED_OPERATIONS, OPERATION_ARGUMENTS,
                                                           ROTATING_OPERATIONS)
 from mla_fuse_reference import fp8 as ref_fp8
-from mla_fuse_conformance.running import recording
 from mla_fuse_conformance.running.checks import BUFFER_OF_ARGUMENT
 
 LITERAL_ELEMENTS = 64  # a buffer with more elements goes to the .pt file
@@ -268,7 +268,7 @@ def load_adapter(report: dict):
 
 def write_reproducers(report_dir: pathlib.Path, report: dict, python: str = sys.executable) -> dict:
     """Per failing cell with a case of the five operations: its reproducer (module docstring), run by
-    ``python``; ``run.phases["reproducers"]`` its seconds; ``report.json`` rewritten. Returns ``report``."""
+    ``python``; ``run.phases["reproducers"]`` its seconds. Returns ``report``, changed in place (not written)."""
     started, report_dir = time.monotonic(), pathlib.Path(report_dir).absolute()  # scripts run from elsewhere
     # one per defect's cell as derived: a cell carried from another property (``found_by``) is that cell's
     # condition confirmed here, and the cell it was found as has the script
@@ -291,5 +291,4 @@ def write_reproducers(report_dir: pathlib.Path, report: dict, python: str = sys.
         print(f"reproducer: {found['script']} ({'reproduced' if found['reproduced'] else 'did not reproduce'}"
               f"{'' if found['passes_with_reference'] else '; FAILS with --reference'})", flush=True)
     report.setdefault("run", {}).setdefault("phases", {})["reproducers"] = round(time.monotonic() - started, 1)
-    recording.write_atomic(report_dir / "report.json", json.dumps(report, indent=2) + "\n")
     return report
