@@ -16,8 +16,12 @@ import json
 import pathlib
 import re
 
+from xml.etree import ElementTree
+
+from mla_fuse_conformance.cases.features import AXES, axes_for
 from mla_fuse_conformance.commands.conformance_map.identity import cell_id
 from mla_fuse_conformance.commands.report.defects import defects
+from mla_fuse_conformance.declarations.deployments import DEPLOYMENTS
 from mla_fuse_conformance.running import recording
 
 SCHEMA = 2
@@ -36,7 +40,7 @@ def pairs_coverage(outcomes: list[dict]) -> dict:
     strength, its cases, the feasible pairs of parameter values they hold (all of them, counted when
     the rows were generated) and the property's outcome. Cases moved onto an implementation's
     declared limits may hold fewer pairs than counted: the outcome is the verdict."""
-    from mla_fuse_conformance.cases import interactions
+    from mla_fuse_conformance.cases import interactions  # the suite's modules: verify/maps.py says why
 
     found = {}
     for line in outcomes:
@@ -97,8 +101,6 @@ def applicable_values(prop) -> dict[str, set[str]]:
     """Per axis, the values the property's explicit examples have or reach by ``Axis.set`` (an
     axis whose values are only drawn, such as a view into a pool, is not reached this way: those
     values count where drawn and are not listed with 0)."""
-    from mla_fuse_conformance.cases.features import axes_for
-
     found: dict[str, set[str]] = collections.defaultdict(set)
     for case in prop.examples:
         for axis in axes_for(prop.rotates):
@@ -111,8 +113,7 @@ def applicable_values(prop) -> dict[str, set[str]]:
 def axes_coverage(outcomes: list[dict], impl) -> dict[str, dict[str, int]]:
     """``{axis: {value: examples}}``: every value some example had, and each value that a property
     which ran could reach and ``impl`` declares for its operations, with 0 where no example had it."""
-    from mla_fuse_conformance.cases.features import AXES
-    from mla_fuse_conformance.running.harness import all_properties
+    from mla_fuse_conformance.running.harness import all_properties  # the suite's modules: verify/maps.py says why
 
     counts = axis_counts(outcomes, impl.spec)
     properties, expected, ran = all_properties(), collections.defaultdict(set), {}
@@ -155,8 +156,6 @@ def deployment_verdict(line: dict) -> str:
 
 def deployments(outcomes: list[dict], maps: list) -> list[dict]:
     """One entry per deployment test (``test_<operation>_in_deployment[<name>]``) that ran."""
-    from mla_fuse_conformance.declarations.deployments import DEPLOYMENTS
-
     named = {deployment.name: deployment for deployment in DEPLOYMENTS}
     mapped = cells(maps)
     found = []
@@ -226,8 +225,6 @@ def junit_properties(path: pathlib.Path, found: dict, described: dict) -> None:
     """Add the environment and the implementation to each test suite of the JUnit file as ``<property>``s."""
     if not path.exists():
         return
-    from xml.etree import ElementTree
-
     tree = ElementTree.parse(path)
     suites = [tree.getroot()] if tree.getroot().tag == "testsuite" else list(tree.getroot().iter("testsuite"))
     flat = {"mla_fuse.implementation": described["spec"], "mla_fuse.implementation.version": described["version"],

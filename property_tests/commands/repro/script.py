@@ -30,10 +30,15 @@ import sys
 import tempfile
 import textwrap
 import time
+import types
+
+import torch
 
 from mla_fuse_conformance.cases import types as case_types
+from mla_fuse_conformance.cases.memory import bits
 from mla_fuse_conformance.commands.repro import formulas
 from mla_fuse_conformance.cases import tensors
+from mla_fuse_conformance.contract.implementation import ImplementationError, load_implementation
 from mla_fuse_conformance.declarations.operations import (CACHING_OPERATIONS, FUSED_OPERATIONS, OPERATION_ARGUMENTS,
                                                           ROTATING_OPERATIONS)
 from mla_fuse_reference import fp8 as ref_fp8
@@ -79,8 +84,6 @@ def tensors_table(built, operation: str) -> tuple[dict, dict]:
 
 def data_lines(rows: dict, values: dict) -> tuple[list[str], dict]:
     """The script's ``TENSORS`` and ``ARGS``, and the buffers too large for a literal (as integers)."""
-    from mla_fuse_conformance.cases.memory import bits
-
     large, lines = {}, [formulas.TENSORS_HEAD]
     for name, (flat, *view) in rows.items():
         if isinstance(flat, str):
@@ -157,8 +160,6 @@ def constants(operation: str, case, declaration: dict, device: str) -> list[str]
 def adapter_target(impl, implementation: dict) -> dict:
     """How a script imports an adapter that declares no call source: module, attribute, directory
     (``impl`` None: the adapter no longer loads here; then as report.json's ``implementation`` names it)."""
-    import types
-
     module_path, target = implementation.get("module_path"), getattr(impl, "target", None)
     if impl is None:
         module, _, attr = implementation["spec"].partition(":")
@@ -232,8 +233,6 @@ def write_script(cell: dict, record: dict, directory: pathlib.Path, implementati
     """Write the reproducer of one cell from its failure ``record`` (the JSON of ``cell["replay"]["file"]``):
     the script, its .pt file (None when every buffer is a literal) and the directory the adapter module it
     imports by name is in (None: the call is inlined, or the adapter is importable from anywhere)."""
-    import torch
-
     record = dict(record, file=cell["replay"]["file"])
     operation = operation_of(record)
     source = call_source(impl.target, operation) if impl is not None else None
@@ -258,8 +257,6 @@ def run_reproducer(cell: dict, script: pathlib.Path, data: pathlib.Path | None, 
 
 def load_adapter(report: dict):
     """The report's implementation, loaded (None when it no longer loads: scripts then import it by path)."""
-    from mla_fuse_conformance.contract.implementation import ImplementationError, load_implementation
-
     try:
         return load_implementation(report["implementation"]["spec"])
     except (ImplementationError, ImportError, RuntimeError):

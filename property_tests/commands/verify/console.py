@@ -16,6 +16,7 @@ from mla_fuse_conformance.commands.verify.summary import OperationSummary
 from mla_fuse_conformance.declarations.operations import OPERATIONS, ROTATING_OPERATIONS
 from mla_fuse_conformance.declarations.property_modules import PASSES_IMPLEMENTATION
 from mla_fuse_conformance.running import recording
+from mla_fuse_conformance.settings import profiles
 
 TABLE_KEY = (
     "key: rope bound used = max |impl - exact| / CONTRACT §5 bound over the rotated values (exact: the float64 "
@@ -95,17 +96,15 @@ def wrapped(key: str) -> str:
 
 def not_run(impl, profile: str) -> list[str]:
     """What the suite leaves out for ``impl`` in ``profile`` (the plugin deselects the properties
-    that would only skip; ``test_large_addresses`` skips in the profiles it names)."""
-    from mla_fuse_conformance.properties import test_large_addresses as large
-
+    that would only skip; ``test_large_addresses`` skips in the profiles ``settings/profiles.py`` names)."""
     missing = [op for op in OPERATIONS if not impl.provides(op) and op not in impl.required]
     lines = [f"the properties of {', '.join(missing)} (not provided)"] if missing else []
     if not impl.checks_inputs:
         lines.append("bad-input properties: the implementation declares checks_inputs=False")
     if impl.spec != PASSES_IMPLEMENTATION:  # verify ignores their module (run.py's ignored_modules)
         lines.append("compile passes: they call mla_fuse's own ops, so they check the triton implementation only")
-    if profile in large.SKIPPED_IN_PROFILES:
-        lines.append(f"large addresses: {large.NOT_RUN}")
+    if profile in profiles.LARGE_ADDRESSES_SKIPPED_IN:
+        lines.append(f"large addresses: {profiles.LARGE_ADDRESSES_NOT_RUN}")
     return lines
 
 

@@ -41,6 +41,8 @@ import shlex
 import sys
 import time
 
+from hypothesis import settings
+
 from mla_fuse_conformance.commands import progress
 from mla_fuse_conformance.commands.conformance_map import baseline
 from mla_fuse_conformance.commands.report import document, environment, views
@@ -50,7 +52,7 @@ from mla_fuse_conformance.contract.implementation import ImplementationError, lo
 from mla_fuse_conformance.declarations.property_modules import COMPILE_PASS_MODULES, PASSES_IMPLEMENTATION, SUITE_DIR
 from mla_fuse_conformance.running import devices
 from mla_fuse_conformance.running.recording import OUTCOMES_FILE
-from mla_fuse_conformance.settings import profiles
+from mla_fuse_conformance.settings import database, profiles
 
 SUITE_PACKAGE = "mla_fuse_conformance"
 # The dev profile (a local verdict in minutes) bounds hypothesis' shrinking of each failing property to this
@@ -231,10 +233,6 @@ def ignored_modules(spec: str) -> list[str]:
 
 def seed_policy(profile: str) -> str:
     """``derandomized`` (the same examples every run) or ``random, database WHERE``."""
-    from hypothesis import settings
-
-    from mla_fuse_conformance.settings import database
-
     chosen = settings.get_profile(profiles.full_name(profile))
     if chosen.derandomize:
         return "derandomized"

@@ -65,7 +65,7 @@ def summarize(outcomes: list[dict], spec: str) -> dict[str, OperationSummary]:
     """Per operation: outcomes and metrics of the properties exercising ``spec`` (a property over
     several operations, fused vs unfused, counts for each); a test of no single operation's examples
     counts in a row named for its module (``OTHER_ROWS``)."""
-    from mla_fuse_conformance.running.harness import all_properties
+    from mla_fuse_conformance.running.harness import all_properties  # the suite's modules: verify/maps.py says why
 
     properties = all_properties()
     summaries: dict[str, OperationSummary] = {}
