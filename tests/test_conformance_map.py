@@ -345,7 +345,8 @@ def test_verify_maps_a_property_whose_worker_died_without_leaving_its_example():
     """A failed property test with no failure file (the worker died after its example, e.g. of a heap
     its kernel had corrupted) is still mapped; failure files come first, each property once."""
     from mla_fuse_conformance.properties import test_mla  # noqa: F401 registers its properties
-    from mla_fuse_conformance.commands.verify.run import failing_properties, summarize
+    from mla_fuse_conformance.commands.verify.maps import failing_properties
+    from mla_fuse_conformance.commands.verify.summary import summarize
 
     mla = "test_mla:test_mla_cache_write_matches_reference"
     outcomes = [{"nodeid": "test_rotary_embedding.py::test_rotary_embedding_matches_reference", "outcome": "failed",

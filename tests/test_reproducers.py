@@ -20,7 +20,7 @@ import pytest
 
 from mla_fuse_conformance.cases.types import (FlashCase, MlaCase, Placement, RopeCase, ScaleSpec, SlotSpec, TableSpec,
                                               to_jsonable)
-from mla_fuse_conformance.commands.report import environment
+from mla_fuse_conformance.commands.report import environment, views
 from mla_fuse_conformance.commands.repro import script as reproducer
 from mla_fuse_conformance.contract.implementation import load_implementation
 
@@ -77,12 +77,24 @@ def test_a_planted_bug_reproduces_and_the_reference_passes(tmp_path, spec, opera
     report = report_of(spec, [failing_cell(tmp_path, spec, operation, to_jsonable(case))])
     found = reproducer.write_reproducers(tmp_path, report)["cells"][0]["reproducer"]
     assert (found["reproduced"], found["passes_with_reference"], found["signal"]) == (reproduces, True, None), found
-    assert json.loads((tmp_path / "report.json").read_text())["cells"][0]["reproducer"] == found
+    assert not (tmp_path / "report.json").exists()  # its caller writes the report (report/document.py's write)
     script = pathlib.Path(found["script"])
     assert len(script.read_text().splitlines()) <= LINE_BUDGET[operation]
     ran = subprocess.run([sys.executable, "-I", str(script)], cwd=tmp_path, capture_output=True, text=True)
     assert ran.returncode == int(reproduces), ran.stdout + ran.stderr
     assert ("differ from the formula" if reproduces else "every element conforms to the formula") in ran.stdout
+
+
+def test_report_reproducers_writes_the_scripts_into_report_json(tmp_path):
+    """``mla-fuse report --reproducers DIR`` (``report/views.py``'s ``reproduce``) on a report without
+    scripts: each failing cell's script written and run, and report.json rewritten with its entry
+    (``report/document.py``'s ``write``: write_reproducers itself writes no report)."""
+    cell = failing_cell(tmp_path, "mutant:style_swapped", "rotary_embedding", to_jsonable(ROPE))
+    (tmp_path / "report.json").write_text(json.dumps(dict(report_of("mutant:style_swapped", [cell]), schema=2)))
+    views.reproduce(tmp_path)
+    found = json.loads((tmp_path / "report.json").read_text())["cells"][0]["reproducer"]
+    assert (found["reproduced"], found["passes_with_reference"]) == (True, True), found
+    assert pathlib.Path(found["script"]).parent == tmp_path / reproducer.DIRECTORY
 
 
 # a kernel that writes four elements of kv_cache outside its buffer: before its view, or past its last element

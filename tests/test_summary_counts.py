@@ -6,7 +6,7 @@ their module's row."""
 
 from __future__ import annotations
 
-from mla_fuse_conformance.commands.verify.run import summarize
+from mla_fuse_conformance.commands.verify.summary import summarize
 
 DEPLOYED = "properties/test_deployments.py::test_reshape_and_cache_flash_in_deployment[{}]"
 LARGE = "properties/test_large_addresses.py::test_query_rows_a_huge_stride_apart"

@@ -17,6 +17,7 @@ import tomllib
 
 import pytest
 
+from mla_fuse_conformance.commands.verify import console, summary
 from mla_fuse_conformance.commands.verify import run as verify
 from mla_fuse_conformance.contract.implementation import load_implementation
 from mla_fuse_conformance.declarations.third_party_warnings import FILTERWARNINGS
@@ -66,7 +67,7 @@ def test_a_one_operation_verify_runs_its_properties_only_and_prints_no_foreign_w
     assert result.returncode == 0, out
     assert "warning" not in out.lower().replace("warnings summary", "") and "Traceback" not in out, out
     assert "warnings summary" not in out, out
-    outcomes = verify.read_outcomes(one_op / ".mla_fuse_reports" / "outcomes.jsonl")
+    outcomes = summary.read_outcomes(one_op / ".mla_fuse_reports" / "outcomes.jsonl")
     ran = {line["nodeid"].rpartition("/")[2]: line for line in outcomes}
     assert [nodeid for nodeid, line in ran.items() if line["outcome"] == "passed"] == [
         "test_mla.py::test_mla_cache_write_matches_reference"], out  # test_flash's is deselected
@@ -120,9 +121,9 @@ def test_the_table_has_a_key_and_names_the_rows_of_no_single_operation():
         {"nodeid": "properties/test_mla.py::test_mla_cache_write_matches_reference", "outcome": "passed",
          "metrics": {"impl": "x", "operations": ["concat_and_cache_mla"], "examples": 3, "worst_rope_ulps": 680}},
     ]
-    summaries = verify.summarize(outcomes, "x")
+    summaries = summary.summarize(outcomes, "x")
     assert sorted(summaries) == ["addresses past 2^31", "compile passes (Inductor)", "concat_and_cache_mla"]
-    table = verify.format_table(summaries).splitlines()
+    table = console.format_table(summaries).splitlines()
     assert table[2].startswith("concat_and_cache_mla") and table[3].startswith("key: rope bound used")
     key = " ".join(table[3:table.index("")])
     assert "passes <= 1" in key and "rope ulps" in key and "not a criterion" in key and "fp8 codes" in key

@@ -14,7 +14,7 @@ from mla_fuse_conformance.cases import strategies
 from mla_fuse_conformance.commands.report import environment
 from mla_fuse_conformance.commands.report import document as report_json
 from mla_fuse_conformance.commands.conformance_map.property_map import Cell, PropertyMap
-from mla_fuse_conformance.commands.verify import run as verify
+from mla_fuse_conformance.commands.verify import summary
 from mla_fuse_conformance.contract.implementation import load_implementation
 from mla_fuse_conformance.declarations.deployments import DEPLOYMENTS
 from mla_fuse_conformance.running.harness import property_named
@@ -120,7 +120,7 @@ def test_a_deployment_skipped_as_declared_is_counted_as_declared_from_what_pytes
             pass
         """)
     pytester.inline_run("-p", "no:randomly", "-p", "no:cacheprovider", plugins=[SessionReport(None, tmp_path)])
-    outcomes = verify.read_outcomes(tmp_path / OUTCOMES_FILE)
+    outcomes = summary.read_outcomes(tmp_path / OUTCOMES_FILE)
     assert [line["outcome"] for line in outcomes] == ["skipped", "skipped", "passed"]
     found = report_json.deployments(outcomes, [])
     assert [(d["name"], d["verdict"], d["reason"]) for d in found] == [

@@ -78,6 +78,7 @@ class Counted:
         self.progress.update(self.line(step=True))
 
     def __call__(self, case, *args):
+        # start-up: `mla-fuse --help` imports this module, and diagnosis.py would add to it (docs/STARTUP.md)
         from mla_fuse_conformance.commands.conformance_map.diagnosis import FAILURES
 
         self.tried += 1

@@ -14,7 +14,7 @@ import dataclasses
 
 import torch
 
-from mla_fuse_conformance.cases import tensors as builder
+from mla_fuse_conformance.cases import tensors
 from mla_fuse_conformance.judging.comparisons import Expectation, Fp8Region, RopeRegion, StoredCopy, rope_bound, rotation_terms
 from mla_fuse_reference import fp8 as ref_fp8
 from mla_fuse_reference import ops as ref_ops
@@ -28,7 +28,7 @@ class Rows:
     written: torch.Tensor  # bool [T]
 
     @classmethod
-    def of(cls, built: builder.Built, tokens: int) -> "Rows":
+    def of(cls, built: tensors.Built, tokens: int) -> "Rows":
         slots = reference_slots(built).cpu()
         written = torch.zeros(tokens, dtype=torch.bool)
         written[: slots.numel()] = slots >= 0
@@ -42,20 +42,20 @@ class Rows:
         return self.written
 
 
-def reserved_slot(built: builder.Built) -> int | None:
+def reserved_slot(built: tensors.Built) -> int | None:
     """The reserved slot padded tokens point at (``SlotSpec.pad_value`` >= 0, SGLang's 0), or None."""
     slots = getattr(built.case, "slots", None)
     return slots.pad_value if slots is not None and slots.pad_value >= 0 else None
 
 
-def reference_slots(built: builder.Built) -> torch.Tensor:
+def reference_slots(built: tensors.Built) -> torch.Tensor:
     """``slot_mapping`` as the reference takes it: a reserved padding slot as -1 (nothing written)."""
     slots = built.args["slot_mapping"].long()
     reserved = reserved_slot(built)
     return slots if reserved is None else torch.where(slots == reserved, -1, slots)
 
 
-def _start(built: builder.Built) -> Expectation:
+def _start(built: tensors.Built) -> Expectation:
     expectation = Expectation(expected={name: buffer.flat.clone() for name, buffer in built.buffers.items()})
     reserved = reserved_slot(built)
     if reserved is not None:  # its contents are not judged (what padded tokens leave there is the engine's)
@@ -68,7 +68,7 @@ def _start(built: builder.Built) -> Expectation:
     return expectation
 
 
-def _write(expectation: Expectation, built: builder.Built, arg: str, values: torch.Tensor) -> None:
+def _write(expectation: Expectation, built: tensors.Built, arg: str, values: torch.Tensor) -> None:
     """Put ``values`` where the view ``arg`` lies in the expected copy of its buffer."""
     buffer = built.buffer_of(arg)
     target = buffer.view(arg, expectation.expected[buffer.name])
@@ -98,7 +98,7 @@ def _rope_region(expectation, built, arg: str, head_size: int, rows: torch.Tenso
     return exact
 
 
-def _entry_index(built: builder.Built, cache: str, rows: Rows) -> torch.Tensor:
+def _entry_index(built: tensors.Built, cache: str, rows: Rows) -> torch.Tensor:
     """Flat indices of the cache entries the written tokens land in: ``[n, *entry shape]``."""
     slots = reference_slots(built).cpu()[: rows.written.numel()]
     valid = slots[rows.written[: slots.numel()]]
@@ -138,7 +138,7 @@ def _rotated_cache_part(expectation, built, cache: str, index, exact, bound, sou
 # ---------------------------------------------------------------- operations
 
 
-def expect_rotary_embedding(built: builder.Built, impl) -> Expectation:
+def expect_rotary_embedding(built: tensors.Built, impl) -> Expectation:
     expectation = _start(built)
     head_size = built.args["head_size"]
     for arg in ("query", "key"):
@@ -148,20 +148,20 @@ def expect_rotary_embedding(built: builder.Built, impl) -> Expectation:
     return expectation
 
 
-def expect_concat_and_cache_mla(built: builder.Built, impl) -> Expectation:
+def expect_concat_and_cache_mla(built: tensors.Built, impl) -> Expectation:
     expectation = _start(built)
     a = built.args
     new_cache = ref_ops.concat_and_cache_mla(a["kv_c"], a["k_pe"], a["kv_cache"], reference_slots(built),
                                              a["kv_cache_dtype"], a["scale"])
     _write(expectation, built, "kv_cache", new_cache)
-    fmt = builder.fp8_format(a["kv_cache_dtype"])
+    fmt = tensors.fp8_format(a["kv_cache_dtype"])
     if fmt is not None:
         index = _entry_index(built, "kv_cache", Rows.of(built, a["kv_c"].size(0)))
         _exact_codes_region(expectation, built, "kv_cache", index, fmt, "kv_cache entries")
     return expectation
 
 
-def expect_concat_and_cache_mla_rope_fused(built: builder.Built, impl) -> Expectation:
+def expect_concat_and_cache_mla_rope_fused(built: tensors.Built, impl) -> Expectation:
     expectation = _start(built)
     a = built.args
     T, L, R = a["kv_c"].size(0), a["kv_c"].size(1), a["k_pe"].size(1)
@@ -172,7 +172,7 @@ def expect_concat_and_cache_mla_rope_fused(built: builder.Built, impl) -> Expect
     _write(expectation, built, "kv_cache", new_cache)
     _rope_region(expectation, built, "q_pe", R, rows.rotated("q", impl.padded_rows), impl.rounding)
     k_exact = _rope_region(expectation, built, "k_pe", R, rows.rotated("k", impl.padded_rows), impl.rounding)
-    fmt = builder.fp8_format(a["kv_cache_dtype"])
+    fmt = tensors.fp8_format(a["kv_cache_dtype"])
     entries = _entry_index(built, "kv_cache", rows)
     if fmt is not None:
         _exact_codes_region(expectation, built, "kv_cache", entries[:, :L], fmt, "kv_cache latent part")
@@ -185,7 +185,7 @@ def expect_concat_and_cache_mla_rope_fused(built: builder.Built, impl) -> Expect
     return expectation
 
 
-def expect_reshape_and_cache_flash(built: builder.Built, impl) -> Expectation:
+def expect_reshape_and_cache_flash(built: tensors.Built, impl) -> Expectation:
     expectation = _start(built)
     a = built.args
     new_key_cache, new_value_cache = ref_ops.reshape_and_cache_flash(
@@ -193,7 +193,7 @@ def expect_reshape_and_cache_flash(built: builder.Built, impl) -> Expectation:
         a["k_scale"], a["v_scale"])
     _write(expectation, built, "key_cache", new_key_cache)
     _write(expectation, built, "value_cache", new_value_cache)
-    fmt = builder.fp8_format(a["kv_cache_dtype"])
+    fmt = tensors.fp8_format(a["kv_cache_dtype"])
     if fmt is not None:
         rows = Rows.of(built, a["key"].size(0))
         for cache in ("key_cache", "value_cache"):
@@ -201,7 +201,7 @@ def expect_reshape_and_cache_flash(built: builder.Built, impl) -> Expectation:
     return expectation
 
 
-def expect_rope_and_reshape_and_cache_flash(built: builder.Built, impl) -> Expectation:
+def expect_rope_and_reshape_and_cache_flash(built: tensors.Built, impl) -> Expectation:
     expectation = _start(built)
     a = built.args
     T, D, R = a["key"].size(0), a["key"].size(2), a["cos_sin_cache"].size(1)
@@ -213,7 +213,7 @@ def expect_rope_and_reshape_and_cache_flash(built: builder.Built, impl) -> Expec
     _write(expectation, built, "value_cache", new_value_cache)
     _rope_region(expectation, built, "query", D, rows.rotated("q", impl.padded_rows), impl.rounding)
     k_exact = _rope_region(expectation, built, "key", D, rows.rotated("k", impl.padded_rows), impl.rounding)
-    fmt = builder.fp8_format(a["kv_cache_dtype"])
+    fmt = tensors.fp8_format(a["kv_cache_dtype"])
     key_entries = _entry_index(built, "key_cache", rows)
     if fmt is None:  # the unrotated tail is pass-through: the input's bits (NaN payloads included)
         tail = built.index_map("key")[rows.written][..., R:].flatten()
@@ -245,7 +245,7 @@ EXPECT = {
 }
 
 
-def expect(operation: str, built: builder.Built, impl) -> Expectation:
+def expect(operation: str, built: tensors.Built, impl) -> Expectation:
     return EXPECT[operation](built, impl)
 
 

@@ -25,7 +25,7 @@ import os
 import pytest
 import torch
 
-from mla_fuse_conformance.cases import tensors as build
+from mla_fuse_conformance.cases import tensors
 from mla_fuse_conformance.judging import comparisons
 from mla_fuse_conformance.running import checks
 from mla_fuse_conformance.cases import memory
@@ -37,9 +37,6 @@ THRESHOLD = 2 ** 31 + 2 ** 16
 FILL = 0x7FC1  # q pools: a NaN pattern, so a wrong read shows in the result
 CACHE_FILL = 0xA5  # every byte of the cache blocks before the entries
 CHUNK = 2 ** 26
-SKIPPED_IN_PROFILES = ("dev",)
-NOT_RUN = ("cases past 2^31 elements (up to 8.9 GB) are not run in the dev profile; the ci, gpu and nightly "
-           "profiles run them")
 
 MLA = MlaCase(seed=11, tokens=9, heads=2, latent=12, rotary_dim=4, dtype="bfloat16", kv_cache_dtype="fp8_e4m3",
               num_blocks=3, block_size=4, slots=SlotSpec(9, padding="some", placement="extremes"),
@@ -65,8 +62,8 @@ def free_bytes(device: torch.device) -> int:
 def threshold(device: torch.device, bytes_needed_per_element: int) -> int:
     """The element count past which the test writes; skips in the ``dev`` profile, and on a
     device without the memory the test needs."""
-    if profiles.current() in SKIPPED_IN_PROFILES:
-        pytest.skip(f"large addresses: {NOT_RUN}")
+    if profiles.current() in profiles.LARGE_ADDRESSES_SKIPPED_IN:
+        pytest.skip(f"large addresses: {profiles.LARGE_ADDRESSES_NOT_RUN}")
     needed = bytes_needed_per_element * THRESHOLD
     if free_bytes(device) < needed * 1.2:
         pytest.skip(f"needs {needed / 2 ** 30:.1f} GiB of free {device.type} memory")
@@ -92,7 +89,7 @@ def _require(impl, operation, case):
 
 
 def _checked_small_run(impl, case, operation, device):
-    built = build.build(case, device)
+    built = tensors.build(case, device)
     expectation = oracle.expect(operation, built, impl)
     checks.call(impl, operation, built.args)
     comparisons.assert_matches(built.buffers, {n: b.flat for n, b in built.buffers.items()}, expectation)
@@ -121,7 +118,7 @@ def test_cache_entries_past_the_threshold(mla_fuse_impl, mla_fuse_device, case, 
     case = _require(impl, operation, case)
     limit = threshold(device, len(caches) * (1 if case.kv_cache_dtype != "auto" else 2))
     small = _checked_small_run(impl, case, operation, device)
-    large = build.build(case, device)
+    large = tensors.build(case, device)
     shifts = set()
     for name in caches:
         huge, extra_blocks = _huge_cache_like(large.args[name], limit)
@@ -152,7 +149,7 @@ def test_query_rows_a_huge_stride_apart(mla_fuse_impl, mla_fuse_device):
     case = _require(impl, "rotary_embedding", ROPE)
     limit = threshold(device, 2)
     small = _checked_small_run(impl, case, "rotary_embedding", device)
-    large = build.build(case, device)
+    large = tensors.build(case, device)
     query = large.args["query"]
     row = query[0].numel()
     token_stride = limit // (case.tokens - 1) + 1

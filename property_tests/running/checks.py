@@ -18,7 +18,7 @@ import torch
 from mla_fuse.validation import checking_values
 
 from mla_fuse_conformance.cases import corruptions
-from mla_fuse_conformance.cases import tensors as builder
+from mla_fuse_conformance.cases import tensors
 from mla_fuse_conformance.cases.types import BadInputCase
 from mla_fuse_conformance.declarations.operations import OPERATION_ARGUMENTS
 from mla_fuse_conformance.judging import comparisons, oracle
@@ -71,7 +71,7 @@ def against_reference(run, case, operation: str) -> comparisons.Outcome:
     """Run ``operation`` once; the whole memory image must match the reference under §5. Outside the
     declared limits (a limit check), an exception that changed no byte is a refusal (``Refused``)."""
     impl, device = run.impl, run.device
-    built = builder.build(case, device)
+    built = tensors.build(case, device)
     expectation = oracle.expect(operation, built, impl)
     saturated = oracle.saturated_fraction(expectation)
     target(saturated, "fraction of fp8 codes saturated")
@@ -102,7 +102,7 @@ def fused_equals_unfused(run, case, fused: str) -> None:
     """Fused op vs the same implementation's rotary_embedding + cache write: caches bitwise equal."""
     impl, device = run.impl, run.device
     cache_op, query, key, cache_args = UNFUSED_CHAINS[fused]
-    fused_run, chain_run = builder.build(case, device), builder.build(case, device)
+    fused_run, chain_run = tensors.build(case, device), tensors.build(case, device)
     _count_padding(run, case)
     call(impl, fused, fused_run.args, case.check_values)
     args = chain_run.args
@@ -124,7 +124,7 @@ def rejects_bad_input(run, case: BadInputCase) -> None:
     graphs call, skipping the wrapper: ``torch.ops.mla_fuse.*`` for ours), it is called too.
     """
     impl, device = run.impl, run.device
-    built = builder.build(case.base, device)
+    built = tensors.build(case.base, device)
     corrupted = corruptions.corrupt(case.operation, case.corruption, built)
     before = built.snapshot()
     extra = {name: value.clone() for name, value in corrupted.args.items()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from mla_fuse_conformance.cases import tensors as builder
+from mla_fuse_conformance.cases import tensors
 from mla_fuse_conformance.judging import comparisons, oracle
 from mla_fuse_conformance.running import checks
 
@@ -26,7 +26,7 @@ CACHE_ARGUMENTS = ("kv_cache", "key_cache", "value_cache")
 def capture(impl, device, operation: str, case) -> dict:
     """Run ``operation`` of ``impl`` on ``case``; raise AssertionError where it differs from the
     reference, else return the memory after it (module docstring)."""
-    built = builder.build(case, device)
+    built = tensors.build(case, device)
     expectation = oracle.expect(operation, built, impl)
     checks.call(impl, operation, built.args, getattr(case, "check_values", False))
     after = {name: buffer.flat.cpu() for name, buffer in built.buffers.items()}

@@ -46,6 +46,7 @@ def add_compare(commands) -> None:
 
 
 def run(args) -> int:
+    # start-up: `mla-fuse --help` imports this module (docs/STARTUP.md)
     from mla_fuse_conformance.commands.compare.run import run_compare
 
     problem = argument_error(args.impls, args.operations, args.cases)

@@ -19,9 +19,9 @@ from hypothesis.errors import UnsatisfiedAssumption
 
 from mla_fuse_conformance.commands.compare import cases as compare_cases
 
-from mla_fuse_conformance.commands.compare import report as compare_report
+from mla_fuse_conformance.commands.compare import report
 
-from mla_fuse_conformance.commands.report import html as report_html
+from mla_fuse_conformance.commands.report import html
 from mla_fuse_conformance.commands.compare.distances import Distance
 from mla_fuse_conformance.running.executor import ChildNotProvided, Crashed, Executor, Hung, RaisedInChild
 
@@ -43,7 +43,7 @@ def run_compare(impl_specs: list[str], operations: list[str], cases: int, profil
         print(f"mla-fuse compare: --impl: two of {', '.join(impl_specs)} are the same implementation", file=sys.stderr)
         return 2
     started, device = time.monotonic(), str(select_device())
-    comparison = compare_report.Comparison(impls, cases, profile, seed)
+    comparison = report.Comparison(impls, cases, profile, seed)
     with contextlib.ExitStack() as stack:
         executors = {impl.spec: stack.enter_context(Executor(impl.spec, device, impl.required)) for impl in impls}
         for operation in operations:
@@ -52,7 +52,7 @@ def run_compare(impl_specs: list[str], operations: list[str], cases: int, profil
     comparison.seconds = round(time.monotonic() - started, 1)
     print("\n".join(comparison.lines()))
     path = comparison.write(report_dir)
-    page = report_html.write(report_dir)  # the side-by-side table, beside verify's report if the directory has one
+    page = html.write(report_dir)  # the side-by-side table, beside verify's report if the directory has one
     print(f"\nwrote {path}, {page}")
     return 0
 

@@ -38,6 +38,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, reject, settings
 from hypothesis.errors import Unsatisfiable, UnsatisfiedAssumption
 
 from mla_fuse_conformance.cases import fields as case_fields
+from mla_fuse_conformance.cases import tensors
 from mla_fuse_conformance.cases import types as case_types
 from mla_fuse_conformance.cases.types import BadInputCase
 from mla_fuse_conformance.running.executor import ChildNotProvided, Crashed, RaisedInChild
@@ -73,8 +74,6 @@ def outcome(run_example: Callable, case) -> bool | None:
 def relations_of(case) -> dict[str, bool] | None:
     """The derived relations of ``case`` (built on the CPU), or None where it cannot be built; a kind of
     case with fields of its own (``fields.OTHER_KINDS``: a compile case) has none (``{}``)."""
-    from mla_fuse_conformance.cases import tensors
-
     if type(_base(case)) in case_fields.OTHER_KINDS:
         return {}
     try:

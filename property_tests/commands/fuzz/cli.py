@@ -61,6 +61,8 @@ import sys
 import time
 import xml.etree.ElementTree as ElementTree
 
+import hypothesis
+
 # The campaign's parts, by role: the workers, what HypoFuzz recorded, the report. Their public names
 # stay importable from this module (tests and scripts import them from mla_fuse_conformance.commands.fuzz.cli).
 from mla_fuse_conformance.commands.fuzz.records import (  # noqa: F401
@@ -153,8 +155,6 @@ def missing_fuzz_package() -> str | None:
 def hypothesis_line() -> str:
     """The hypothesis this campaign runs with, and the fuzz extra's hold on it (pyproject.toml, read
     from the installed metadata): installing the extra moves an environment's hypothesis back."""
-    import hypothesis
-
     try:
         requirements = importlib.metadata.requires("mla_fuse") or []
     except importlib.metadata.PackageNotFoundError:  # a source tree that is not installed
@@ -167,6 +167,7 @@ def hypothesis_line() -> str:
 
 def check_options(options) -> None:
     """Bad arguments: a ValueError naming the option, before anything starts."""
+    # start-up: `mla-fuse --help` imports this module (docs/STARTUP.md)
     from mla_fuse_conformance.contract.implementation import load_implementation
 
     if not options.minutes > 0:
@@ -223,6 +224,7 @@ def add_fuzz(commands) -> None:
     fuzz.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: pytest arguments (-k EXPR, ...)")
 
     def run(args) -> int:
+        # start-up: `mla-fuse --help` imports this module (docs/STARTUP.md)
         from mla_fuse_conformance.contract.implementation import resolve_spec
 
         missing = missing_fuzz_package()

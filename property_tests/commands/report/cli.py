@@ -16,6 +16,7 @@ def add_report(commands) -> None:
 
 
 def run(args) -> int:
+    # start-up: `mla-fuse --help` imports this module (docs/STARTUP.md)
     from mla_fuse_conformance.commands.report import views
 
     return views.main(args.dir, args.reproducers)

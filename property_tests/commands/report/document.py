@@ -12,14 +12,20 @@ from __future__ import annotations
 import collections
 import functools
 import dataclasses
+import json
 import pathlib
 import re
 
+from xml.etree import ElementTree
+
+from mla_fuse_conformance.cases.features import AXES, axes_for
 from mla_fuse_conformance.commands.conformance_map.identity import cell_id
 from mla_fuse_conformance.commands.report.defects import defects
+from mla_fuse_conformance.declarations.deployments import DEPLOYMENTS
 from mla_fuse_conformance.running import recording
 
 SCHEMA = 2
+REPORT_FILE = "report.json"
 # events counted by the recorder's metrics, and events that are one feature value
 COUNTED_EVENTS = {"fp8 saturation": "saturation_cases", "padded slot": "padded_slot_cases"}
 VALUE_EVENTS = {"NaN input": ("NaN inputs", "yes"), "short slot_mapping": ("slot_mapping length", "< T"),
@@ -34,7 +40,7 @@ def pairs_coverage(outcomes: list[dict]) -> dict:
     strength, its cases, the feasible pairs of parameter values they hold (all of them, counted when
     the rows were generated) and the property's outcome. Cases moved onto an implementation's
     declared limits may hold fewer pairs than counted: the outcome is the verdict."""
-    from mla_fuse_conformance.cases import interactions
+    from mla_fuse_conformance.cases import interactions  # the suite's modules: verify/maps.py says why
 
     found = {}
     for line in outcomes:
@@ -95,8 +101,6 @@ def applicable_values(prop) -> dict[str, set[str]]:
     """Per axis, the values the property's explicit examples have or reach by ``Axis.set`` (an
     axis whose values are only drawn, such as a view into a pool, is not reached this way: those
     values count where drawn and are not listed with 0)."""
-    from mla_fuse_conformance.cases.features import axes_for
-
     found: dict[str, set[str]] = collections.defaultdict(set)
     for case in prop.examples:
         for axis in axes_for(prop.rotates):
@@ -109,8 +113,7 @@ def applicable_values(prop) -> dict[str, set[str]]:
 def axes_coverage(outcomes: list[dict], impl) -> dict[str, dict[str, int]]:
     """``{axis: {value: examples}}``: every value some example had, and each value that a property
     which ran could reach and ``impl`` declares for its operations, with 0 where no example had it."""
-    from mla_fuse_conformance.cases.features import AXES
-    from mla_fuse_conformance.running.harness import all_properties
+    from mla_fuse_conformance.running.harness import all_properties  # the suite's modules: verify/maps.py says why
 
     counts = axis_counts(outcomes, impl.spec)
     properties, expected, ran = all_properties(), collections.defaultdict(set), {}
@@ -153,8 +156,6 @@ def deployment_verdict(line: dict) -> str:
 
 def deployments(outcomes: list[dict], maps: list) -> list[dict]:
     """One entry per deployment test (``test_<operation>_in_deployment[<name>]``) that ran."""
-    from mla_fuse_conformance.declarations.deployments import DEPLOYMENTS
-
     named = {deployment.name: deployment for deployment in DEPLOYMENTS}
     mapped = cells(maps)
     found = []
@@ -213,12 +214,17 @@ def report(run: dict, environment: dict, implementation: dict, operations: dict,
             "limits": [dataclasses.asdict(check) for check in limits], "maps": [dataclasses.asdict(m) for m in maps]}
 
 
+def write(report_dir: pathlib.Path, report: dict) -> pathlib.Path:
+    """``report_dir/report.json``, replaced whole (a reader, or a signal, never finds half a file)."""
+    path = pathlib.Path(report_dir) / REPORT_FILE
+    recording.write_atomic(path, json.dumps(report, indent=2) + "\n")
+    return path
+
+
 def junit_properties(path: pathlib.Path, found: dict, described: dict) -> None:
     """Add the environment and the implementation to each test suite of the JUnit file as ``<property>``s."""
     if not path.exists():
         return
-    from xml.etree import ElementTree
-
     tree = ElementTree.parse(path)
     suites = [tree.getroot()] if tree.getroot().tag == "testsuite" else list(tree.getroot().iter("testsuite"))
     flat = {"mla_fuse.implementation": described["spec"], "mla_fuse.implementation.version": described["version"],

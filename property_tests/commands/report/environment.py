@@ -16,7 +16,11 @@ import pathlib
 import platform
 import sys
 
+import torch
+
 from mla_fuse_conformance.contract.implementation import distribution_of
+from mla_fuse_conformance.declarations.operations import OPERATIONS, ROTATING_OPERATIONS
+from mla_fuse_conformance.running.devices import select_device
 
 # the vector extensions that decide which CPU kernels run, in /proc/cpuinfo's spelling
 VECTOR_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
@@ -48,10 +52,6 @@ def cpu(cpuinfo: pathlib.Path = CPUINFO) -> dict:
 
 def device() -> dict:
     """The device the properties run on (``running.devices.select_device``), with what CUDA says of it."""
-    import torch
-
-    from mla_fuse_conformance.running.devices import select_device
-
     chosen = select_device()
     if chosen.type != "cuda":
         return {"kind": chosen.type, "name": cpu()["model"], "count": 1}
@@ -63,7 +63,7 @@ def device() -> dict:
 
 def environment() -> dict:
     """report.json's ``environment``."""
-    from mla_fuse.kernels import BACKEND
+    from mla_fuse.kernels import BACKEND  # imports Triton: after devices.triton_kernels_for_the_run() chose where
 
     return {"python": platform.python_version(),
             **{name: package_version(name) for name in ("torch", "triton", "hypothesis", "mla_fuse")},
@@ -115,8 +115,6 @@ def implementation(impl, declarations: list[str]) -> dict:
 
 
 def declaration(impl, lines: list[str]) -> dict:
-    from mla_fuse_conformance.declarations.operations import OPERATIONS, ROTATING_OPERATIONS
-
     return {"rounding": impl.rounding, "padded_rows": impl.padded_rows, "checks_inputs": impl.checks_inputs,
             "required": list(impl.required), "provides": list(impl.operations),
             "missing": [op for op in OPERATIONS if not impl.provides(op)],

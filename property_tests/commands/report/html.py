@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import pathlib
 
-from mla_fuse_conformance.commands.report import cells as report_cells
+from mla_fuse_conformance.commands.report import cells
 from mla_fuse_conformance.commands.report.defects import count_line
 
-from mla_fuse_conformance.commands.report import heatmap as report_heatmap
+from mla_fuse_conformance.commands.report import heatmap
 
-from mla_fuse_conformance.commands.report import sources as report_sources
+from mla_fuse_conformance.commands.report import sources
 from mla_fuse_conformance.commands.report.markup import STYLE, section, table, text
 from mla_fuse_conformance.declarations.operations import OPERATIONS
 from mla_fuse_conformance.running import recording
@@ -38,7 +38,7 @@ def header(report: dict) -> str:
             ("version", described.get("version") or "unknown"), ("profile", run.get("profile")),
             ("seed policy", run.get("seed_policy")), ("started", run.get("started")),
             ("duration", f"{run.get('seconds')} s" + phases(run.get("phases"))), ("command", run.get("command")),
-            ("directory", run.get("cwd")), ("conformance map", report_cells.map_text(run.get("map"))),
+            ("directory", run.get("cwd")), ("conformance map", cells.map_text(run.get("map"))),
             ("exit status", f"{run.get('exit_code')} (pytest {run.get('pytest_exit_code')})")]
     counted = (f' <span id="defect-count">{text(count_line(report["defects"], report.get("cells") or []))}</span>'
                if report.get("defects") else "")
@@ -115,7 +115,7 @@ def conformance_map(report: dict, per_operation: dict) -> str:
     rows = [op for op in OPERATIONS if op in found or op in provided]
     body = ('<p>Failure rate per operation and feature value: failing / tried random cases inside the failing cells '
             'whose condition has that value (hover a square for its numbers).</p>'
-            f'<div class="scroll">{report_heatmap.heat_map(report, rows, per_operation)}</div>{report_heatmap.legend()}')
+            f'<div class="scroll">{heatmap.heat_map(report, rows, per_operation)}</div>{heatmap.legend()}')
     return section("conformance-map", "Conformance map", body)
 
 
@@ -125,7 +125,7 @@ def defects(report: dict) -> str:
     if not found:
         return ""
     rows = [[text(entry.get("condition")), text(entry.get("kind")),
-             ", ".join(report_cells.cell_link(report, cell) for cell in entry.get("cells") or []),
+             ", ".join(cells.cell_link(report, cell) for cell in entry.get("cells") or []),
              text(", ".join(entry.get("properties") or [])), text(", ".join(entry.get("operations") or []))]
             for entry in found]
     return section("defects", f"Defects ({len(found)})",
@@ -141,10 +141,10 @@ def deployments(report: dict) -> str:
     if not found:
         return section("deployments", "Deployments", '<p class="note">No deployment test ran.</p>')
     rows = [[text(entry.get("name")), text(entry.get("operation")), text(entry.get("source")),
-             report_cells.cell_link(report, entry.get("cell")) + text(entry.get("reason")),
+             cells.cell_link(report, entry.get("cell")) + text(entry.get("reason")),
              text(entry.get("seconds")), text(entry.get("verdict"))] for entry in found]
     attrs = [f' data-deployment="{text(entry.get("name"))}" class="{text(entry.get("verdict"))}"' for entry in found]
-    return section("deployments", "Deployments", report_heatmap.deployment_strip(found)
+    return section("deployments", "Deployments", heatmap.deployment_strip(found)
                    + table(["deployment", "operation", "source", "cell / reason", "seconds", "verdict"],
                            rows, "deployments-table", attrs))
 
@@ -197,9 +197,9 @@ def render(report: dict | None, comparison: dict | None = None, per_operation: d
     else:
         title = f"mla-fuse verify: {(report.get('implementation') or {}).get('spec')}: {report.get('verdict')}"
         parts = [header(report), schema_note(report), operations(report), conformance_map(report, per_operation or {}),
-                 defects(report), report_cells.cells(report), deployments(report), failures(report), declarations(report),
-                 limits(report), coverage(report), report_cells.baseline(report)]
-    parts.append(report_cells.side_by_side(comparison))
+                 defects(report), cells.cells(report), deployments(report), failures(report), declarations(report),
+                 limits(report), coverage(report), cells.baseline(report)]
+    parts.append(cells.side_by_side(comparison))
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{text(title)}</title>'
             f'<style>{STYLE}</style></head><body>{"".join(parts)}</body></html>\n')
 
@@ -207,12 +207,12 @@ def render(report: dict | None, comparison: dict | None = None, per_operation: d
 def write(report_dir: pathlib.Path) -> pathlib.Path:
     """Render ``report_dir/report.html`` from the report directory's files; return its path."""
     report_dir = pathlib.Path(report_dir)
-    report, comparison = report_sources.load(report_dir), report_sources.comparison(report_dir)
+    report, comparison = sources.load(report_dir), sources.comparison(report_dir)
     if report is None and comparison is None:
-        raise FileNotFoundError(f"{report_dir} holds neither {report_sources.REPORT_FILE} nor "
-                                f"{report_sources.COMPARISON_FILE}")
+        raise FileNotFoundError(f"{report_dir} holds neither {sources.REPORT_FILE} nor "
+                                f"{sources.COMPARISON_FILE}")
     spec = ((report or {}).get("implementation") or {}).get("spec")
-    per_operation = report_sources.examples_per_operation(report_dir, spec)
+    per_operation = sources.examples_per_operation(report_dir, spec)
     path = report_dir / PAGE_FILE
     recording.write_atomic(path, render(report, comparison, per_operation))
     return path

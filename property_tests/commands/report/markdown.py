@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import pathlib
 
-from mla_fuse_conformance.commands.report import sources as report_sources
+from mla_fuse_conformance.commands.report import sources
 from mla_fuse_conformance.commands.report.cells import baseline_mark, map_text, rate_text
 from mla_fuse_conformance.commands.report.defects import count_line
 from mla_fuse_conformance.declarations.operations import OPERATIONS
@@ -153,9 +153,9 @@ def baseline(report: dict) -> list[str]:
     found = report.get("baseline")
     if not found:
         return []
-    sources = found.get("from") or []
-    sources = ", ".join(f"`{cell(source)}`" for source in ([sources] if isinstance(sources, str) else sources))
-    lines = [f"Against the baseline {sources}: {len(found.get('new') or [])} new, "
+    origins = found.get("from") or []
+    origins = ", ".join(f"`{cell(source)}`" for source in ([origins] if isinstance(origins, str) else origins))
+    lines = [f"Against the baseline {origins}: {len(found.get('new') or [])} new, "
              f"{len(found.get('known') or [])} known, {len(found.get('now_passing') or [])} now passing", ""]
     new = [[cell_id] for cell_id in found.get("new") or []]
     return [*lines, *(rows(["new failing cell"], new, len(new)) + [""] if new else [])]
@@ -170,9 +170,9 @@ def render(report: dict) -> str:
 def write(report_dir: pathlib.Path) -> pathlib.Path:
     """Write ``report_dir/summary.md`` from ``report_dir/report.json``; return its path."""
     report_dir = pathlib.Path(report_dir)
-    report = report_sources.load(report_dir)
+    report = sources.load(report_dir)
     if report is None:
-        raise FileNotFoundError(f"{report_dir} holds no {report_sources.REPORT_FILE}")
+        raise FileNotFoundError(f"{report_dir} holds no {sources.REPORT_FILE}")
     path = report_dir / SUMMARY_FILE
     recording.write_atomic(path, render(report))
     return path

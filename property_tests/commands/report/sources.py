@@ -5,7 +5,7 @@ feature value).
 
 A schema-1 report (what earlier versions of ``verify`` wrote) becomes a schema-2 dict: its fields
 moved to their schema-2 places, its maps' cells flattened into ``cells`` with their ids (the same
-code as ``verify``'s, ``report_json.cells``), and ``missing`` naming what schema 1 does not hold
+code as ``verify``'s, ``document.cells``), and ``missing`` naming what schema 1 does not hold
 (the environment, coverage, deployments), which the views show as a note instead of a section.
 """
 
@@ -15,9 +15,11 @@ import collections
 import json
 import pathlib
 
+from mla_fuse_conformance.commands.report import document
 from mla_fuse_conformance.commands.report.defects import defects
+from mla_fuse_conformance.commands.report.document import REPORT_FILE
+from mla_fuse_conformance.running.recording import OUTCOMES_FILE
 
-REPORT_FILE = "report.json"
 COMPARISON_FILE = "comparison.json"
 SCHEMA1_MISSING = ("environment", "coverage", "deployments")
 
@@ -62,7 +64,7 @@ def from_schema1(old: dict) -> dict:
 def schema1_cells(maps: list[dict]) -> list[dict]:
     """``maps[].cells[]`` flattened as ``verify`` flattens them; a cell whose diagnosis this version
     cannot read is kept with its feature values as its condition."""
-    from mla_fuse_conformance.commands.report import document as report_json
+    # the suite's modules (property_map loads the harness): imported where a schema-1 report is read
     from mla_fuse_conformance.commands.conformance_map.property_map import Cell, PropertyMap
 
     found = []
@@ -73,18 +75,16 @@ def schema1_cells(maps: list[dict]) -> list[dict]:
                          cell.get("worst"))
             one = PropertyMap(entry.get("property", "?"), tuple(entry.get("operations") or ()), [known], {}, 0, True)
             try:
-                found += report_json.cells([one])
+                found += document.cells([one])
             except (KeyError, TypeError, ValueError):
                 one.cells[0].diagnosis = None
-                found += report_json.cells([one])
+                found += document.cells([one])
     return found
 
 
 def examples_per_operation(report_dir: pathlib.Path, spec: str | None) -> dict[str, dict[str, dict[str, int]]]:
     """``{operation: {axis: {value: examples}}}`` from ``outcomes.jsonl``'s per-test metrics (what
     ``coverage.axes`` sums over every operation); empty where the file is not there."""
-    from mla_fuse_conformance.running.recording import OUTCOMES_FILE
-
     path = pathlib.Path(report_dir) / OUTCOMES_FILE
     counts: dict = collections.defaultdict(lambda: collections.defaultdict(collections.Counter))
     if not path.exists():

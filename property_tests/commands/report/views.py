@@ -8,20 +8,21 @@ from __future__ import annotations
 import pathlib
 import sys
 
-from mla_fuse_conformance.commands.report import html as report_html
+from mla_fuse_conformance.commands.report import document
+from mla_fuse_conformance.commands.report import html
 
-from mla_fuse_conformance.commands.report import markdown as report_markdown
+from mla_fuse_conformance.commands.report import markdown
 
-from mla_fuse_conformance.commands.report import sources as report_sources
+from mla_fuse_conformance.commands.report import sources
 
 
 def write(report_dir: pathlib.Path, step_summary: str | None = None) -> list[pathlib.Path]:
     """Write the views (a directory with only ``comparison.json`` gets the page alone); append the
     summary to the file ``step_summary`` names (GitHub's ``$GITHUB_STEP_SUMMARY``) where one is
     given. Returns the paths written."""
-    written = [report_html.write(report_dir)]
-    if (pathlib.Path(report_dir) / report_sources.REPORT_FILE).is_file():
-        written.append(report_markdown.write(report_dir))
+    written = [html.write(report_dir)]
+    if (pathlib.Path(report_dir) / sources.REPORT_FILE).is_file():
+        written.append(markdown.write(report_dir))
         if step_summary:
             with open(step_summary, "a", encoding="utf-8") as job_summary:
                 job_summary.write(written[-1].read_text() + "\n")
@@ -46,13 +47,13 @@ def relocate_failure_files(report_dir: pathlib.Path, report: dict) -> int:
 def reproduce(report_dir: pathlib.Path) -> None:
     """``mla-fuse report --reproducers DIR``: write and run a reproducer per failing cell of a
     schema-2 report that has none yet (as ``verify`` does), then the views."""
-    from mla_fuse_conformance.commands.repro import script as reproducer
+    from mla_fuse_conformance.commands.repro import script
 
-    report = report_sources.read_json(pathlib.Path(report_dir) / report_sources.REPORT_FILE)
+    report = sources.read_json(pathlib.Path(report_dir) / sources.REPORT_FILE)
     if report is None or report.get("schema", 1) < 2:
         raise ValueError("--reproducers needs a schema-2 report.json (written by mla-fuse verify)")
     relocate_failure_files(report_dir, report)
-    reproducer.write_reproducers(pathlib.Path(report_dir), report)
+    document.write(report_dir, script.write_reproducers(pathlib.Path(report_dir), report))
 
 
 def main(report_dir: pathlib.Path, reproducers: bool = False) -> int:

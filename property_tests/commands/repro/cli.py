@@ -18,6 +18,7 @@ def add_repro(commands) -> None:
 
 
 def run(args) -> int:
+    # start-up: `mla-fuse --help` imports this module (docs/STARTUP.md)
     from mla_fuse_conformance.running import replay
 
     return replay.main([str(args.file), *([CLI_IMPL_OPTION, args.impl] if args.impl else []),

@@ -13,7 +13,8 @@ from its module path and its method called. Each script then runs in a child (``
 nothing of the current directory), once as is and once with ``--reference`` (the formula's values
 judged instead of the kernel's, which must conform), and the cell gets ``reproducer``: the script,
 its data, whether it reproduced (the same signal for a crash, or the write outside a buffer that
-causes it) and whether it passes with the reference. ``report.json`` is rewritten.
+causes it) and whether it passes with the reference. The caller writes the report
+(``report/document.py``'s ``write``, the one writer of report.json).
 """
 
 from __future__ import annotations
@@ -29,14 +30,18 @@ import sys
 import tempfile
 import textwrap
 import time
+import types
+
+import torch
 
 from mla_fuse_conformance.cases import types as case_types
+from mla_fuse_conformance.cases.memory import bits
 from mla_fuse_conformance.commands.repro import formulas
 from mla_fuse_conformance.cases import tensors
+from mla_fuse_conformance.contract.implementation import ImplementationError, load_implementation
 from mla_fuse_conformance.declarations.operations import (CACHING_OPERATIONS, FUSED_OPERATIONS, OPERATION_ARGUMENTS,
                                                           ROTATING_OPERATIONS)
 from mla_fuse_reference import fp8 as ref_fp8
-from mla_fuse_conformance.running import recording
 from mla_fuse_conformance.running.checks import BUFFER_OF_ARGUMENT
 
 LITERAL_ELEMENTS = 64  # a buffer with more elements goes to the .pt file
@@ -79,8 +84,6 @@ def tensors_table(built, operation: str) -> tuple[dict, dict]:
 
 def data_lines(rows: dict, values: dict) -> tuple[list[str], dict]:
     """The script's ``TENSORS`` and ``ARGS``, and the buffers too large for a literal (as integers)."""
-    from mla_fuse_conformance.cases.memory import bits
-
     large, lines = {}, [formulas.TENSORS_HEAD]
     for name, (flat, *view) in rows.items():
         if isinstance(flat, str):
@@ -157,8 +160,6 @@ def constants(operation: str, case, declaration: dict, device: str) -> list[str]
 def adapter_target(impl, implementation: dict) -> dict:
     """How a script imports an adapter that declares no call source: module, attribute, directory
     (``impl`` None: the adapter no longer loads here; then as report.json's ``implementation`` names it)."""
-    import types
-
     module_path, target = implementation.get("module_path"), getattr(impl, "target", None)
     if impl is None:
         module, _, attr = implementation["spec"].partition(":")
@@ -232,8 +233,6 @@ def write_script(cell: dict, record: dict, directory: pathlib.Path, implementati
     """Write the reproducer of one cell from its failure ``record`` (the JSON of ``cell["replay"]["file"]``):
     the script, its .pt file (None when every buffer is a literal) and the directory the adapter module it
     imports by name is in (None: the call is inlined, or the adapter is importable from anywhere)."""
-    import torch
-
     record = dict(record, file=cell["replay"]["file"])
     operation = operation_of(record)
     source = call_source(impl.target, operation) if impl is not None else None
@@ -258,8 +257,6 @@ def run_reproducer(cell: dict, script: pathlib.Path, data: pathlib.Path | None, 
 
 def load_adapter(report: dict):
     """The report's implementation, loaded (None when it no longer loads: scripts then import it by path)."""
-    from mla_fuse_conformance.contract.implementation import ImplementationError, load_implementation
-
     try:
         return load_implementation(report["implementation"]["spec"])
     except (ImplementationError, ImportError, RuntimeError):
@@ -268,7 +265,7 @@ def load_adapter(report: dict):
 
 def write_reproducers(report_dir: pathlib.Path, report: dict, python: str = sys.executable) -> dict:
     """Per failing cell with a case of the five operations: its reproducer (module docstring), run by
-    ``python``; ``run.phases["reproducers"]`` its seconds; ``report.json`` rewritten. Returns ``report``."""
+    ``python``; ``run.phases["reproducers"]`` its seconds. Returns ``report``, changed in place (not written)."""
     started, report_dir = time.monotonic(), pathlib.Path(report_dir).absolute()  # scripts run from elsewhere
     # one per defect's cell as derived: a cell carried from another property (``found_by``) is that cell's
     # condition confirmed here, and the cell it was found as has the script
@@ -291,5 +288,4 @@ def write_reproducers(report_dir: pathlib.Path, report: dict, python: str = sys.
         print(f"reproducer: {found['script']} ({'reproduced' if found['reproduced'] else 'did not reproduce'}"
               f"{'' if found['passes_with_reference'] else '; FAILS with --reference'})", flush=True)
     report.setdefault("run", {}).setdefault("phases", {})["reproducers"] = round(time.monotonic() - started, 1)
-    recording.write_atomic(report_dir / "report.json", json.dumps(report, indent=2) + "\n")
     return report

@@ -30,6 +30,7 @@ def add_verify(commands) -> None:
 
 
 def run(args) -> int:
+    # start-up: `mla-fuse --help` imports this module (docs/STARTUP.md)
     from mla_fuse_conformance.contract.implementation import ImplementationError, parse_required
     from mla_fuse_conformance.commands.conformance_map import baseline
     from mla_fuse_conformance.commands.verify.run import run_verify

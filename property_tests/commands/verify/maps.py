@@ -18,11 +18,20 @@ import sys
 import time
 from typing import Callable
 
+from mla_fuse_conformance.cases import types as case_types
 from mla_fuse_conformance.commands import progress
 from mla_fuse_conformance.commands.conformance_map.cli import MAP_SECONDS
+from mla_fuse_conformance.commands.report import document
 from mla_fuse_conformance.commands.report.cells import map_text
 from mla_fuse_conformance.declarations.property_modules import EXPLICIT_ONLY_MODULES
+from mla_fuse_conformance.running.devices import select_device
 from mla_fuse_conformance.settings import profiles
+
+# The suite's own modules (running/harness.py and running/executor.py, conformance_map/property_map.py and limits.py,
+# which load the property modules, their strategies and the executor's child) are imported inside the functions
+# that use them, here and in verify/summary.py and report/document.py: verify imports this module before
+# devices.triton_kernels_for_the_run() and before the adapter, and the suite's modules load after both, when the
+# properties' outcomes are read and the map runs, as they always have.
 
 DEFAULT_SECONDS = MAP_SECONDS  # --map-seconds: ten minutes, so the properties and the map fit a CI job of an hour
 
@@ -115,7 +124,6 @@ def run_maps(impl, outcomes: list[dict], profile: str, phase: MapPhase, phases: 
     seconds added to ``phases`` as ``map`` and ``limits``. ``check``: the executor's (a signal's
     ``stopping.Stopped``, raised before an example or while one runs); it goes through, the
     executor's child killed, what was done kept in ``phase``."""
-    from mla_fuse_conformance.running.devices import select_device
     from mla_fuse_conformance.running.executor import Executor
 
     max_examples = {"ci": profiles.CI_MAX_EXAMPLES, "dev": 30}.get(profile, 100)
@@ -148,8 +156,6 @@ def found_before(maps: list) -> list[dict]:
     """The cells the maps so far derived themselves (not carried), as report.json entries with
     ``found_by``: each next map sorts them out first and carries those it confirms (one defect,
     one map: docs/REPORT.md)."""
-    from mla_fuse_conformance.commands.report import document
-
     return [dict(entry, found_by=entry["property"]) for entry in document.cells(maps)
             if entry["source"] in ("shrunk", "test run")]
 
@@ -158,7 +164,6 @@ def map_one(name, impl, device, executor, outcomes, max_examples, rounds, known_
             found: list[dict] = ()):
     """The map of the property ``name`` (one that could not be finished: its error); ``found``: the
     cells earlier maps of this run derived."""
-    from mla_fuse_conformance.cases import types as case_types
     from mla_fuse_conformance.commands.conformance_map.property_map import PropertyMap, map_property
     from mla_fuse_conformance.running.harness import property_named
 
