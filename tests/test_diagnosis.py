@@ -17,6 +17,7 @@ import shlex
 import pytest
 import torch
 
+from mla_fuse_conformance.cases import address_relations
 from mla_fuse_conformance.cases import fields
 from mla_fuse_conformance.cases import tensors
 from mla_fuse_conformance.cases import types as case_types
@@ -271,7 +272,7 @@ def test_a_partial_cell_shows_a_failing_and_a_passing_example_one_field_apart(us
 def test_a_misaligned_vector_store_is_named_by_its_alignment_not_a_width(user_dir):
     """``mutant:misaligned_vector_store`` (bf16 halves of 8+ elements stored as if 16-byte aligned, the
     vLLM CPU rope fault): its cell names a half that is not 16-byte aligned (one input's, or
-    ``diagnosis.VECTOR_HALVES``: some half of 16+ bytes), not the rotary width."""
+    ``address_relations.VECTOR_HALVES``: some half of 16+ bytes), not the rotary width."""
     impl = load_implementation("mutant:misaligned_vector_store")
     prop = property_named("test_mla:test_fused_mla_matches_reference")
     found = map_property(prop, impl, "cpu", lambda case: prop.run(impl, torch.device("cpu"), case),
@@ -287,11 +288,11 @@ def test_alignment_relations_come_from_the_addresses():
     case = MlaCase(seed=1, tokens=3, heads=2, latent=4, rotary_dim=18, dtype="bfloat16", kv_cache_dtype="auto",
                    num_blocks=3, block_size=3, slots=SlotSpec(3), table=TableSpec("plain", 18, 4), is_neox=True,
                    q_place=Placement(lead=8))
-    relations = diagnosis.alignment_relations(tensors.build(case, "cpu"))
+    relations = address_relations.alignment_relations(tensors.build(case, "cpu"))
     assert relations["q_pe first half 16-byte aligned"] is False  # heads 36 bytes apart
     assert relations["q_pe second half 16-byte aligned"] is False and relations["rotary half >= 16 bytes"]
     aligned = dataclasses.replace(case, heads=1, tokens=1)  # one row 16 bytes in; its second half 18 bytes on
-    relations = diagnosis.alignment_relations(tensors.build(aligned, "cpu"))
+    relations = address_relations.alignment_relations(tensors.build(aligned, "cpu"))
     assert relations["q_pe first half 16-byte aligned"] and not relations["q_pe second half 16-byte aligned"]
 
 
@@ -310,5 +311,5 @@ def test_a_misaligned_half_at_a_real_size_crossing_is_named_by_its_alignment_not
 
     found = diagnosis.diagnose(prop, impl, run_example, case)
     refinement.measure_and_refine(prop, impl, prop.strategy_for(impl), run_example, found, case)
-    assert ["relation", diagnosis.VECTOR_HALVES, "no"] in found.condition, found.describe()
+    assert ["relation", address_relations.VECTOR_HALVES, "no"] in found.condition, found.describe()
     assert "rotary_dim" not in found.describe() and found.rate[0] == found.rate[1] > 0, found.rate_text()

@@ -9,7 +9,9 @@ inside every conjunct of every cell. One of those cases is given to the map as t
 example (``known``: diagnosed where the map's own 40 examples meet no failure, as ``verify`` does),
 so a test does not hang on the search drawing a trigger. The value threshold is a torch adapter
 (``data/planted/clamp_240.py``: e4m3's x / scale clamped to [-240, 448]); the others are fakes
-(``run_example`` raising where the trigger holds: the map's mechanics, not a kernel, in seconds).
+(``run_example`` raising where the trigger holds: the map's mechanics, not a kernel, in seconds). The
+multiplied fp8 scale is right at scale 1 only: its cell must exclude that value (``scale not 1``,
+``conformance_map/holds.py``), whether the rounds find it once or split it in two.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 from hypothesis import HealthCheck, Phase, given, settings
 
 from mla_fuse_conformance.cases import fields, tensors
+from mla_fuse_conformance.cases.cache_axes import scale_of
 from mla_fuse_conformance.commands.conformance_map import diagnosis
 from mla_fuse_conformance.commands.conformance_map.property_map import map_property
 from mla_fuse_conformance.contract.implementation import load_implementation
@@ -58,6 +61,11 @@ def block_16(case) -> bool:
 
 def kv_c_strided(case) -> bool:
     return not tensors.build(case, "cpu").args["kv_c"].is_contiguous() and some_written(case)
+
+
+def scale_not_1(case) -> bool:
+    """A kernel that multiplies by the scale instead of dividing: right exactly where the scale is 1."""
+    return case.kv_cache_dtype.startswith("fp8") and scale_of(case) == "other" and some_written(case)
 
 
 def e5m2(case) -> bool:
@@ -125,7 +133,8 @@ def test_a_clamp_at_minus_240_gets_a_cell_naming_a_negative_value_beyond_e4m3fnu
     (kv_c_strided, ["relation", "kv_c contiguous", "no"], lambda case: dataclasses.replace(
         case, kv_packed=False, kv_c_place=dataclasses.replace(case.kv_c_place, pad=(0, 3), offset=(0, 1))), 40),
     (e5m2, ["field", "kv_cache_dtype", ["fp8_e5m2"]], moved_onto("kv_cache_dtype", "fp8_e5m2"), 40),
-], ids=["a single size", "a layout", "a dtype name"])
+    (scale_not_1, ["axis-not", "scale", ["1"]], moved_onto("kv_cache_dtype", "fp8"), 40),
+], ids=["a single size", "a layout", "a dtype name", "a value excluded"])
 def test_a_planted_trigger_is_named_and_no_conjunct_is_false_of_it(trigger, named, move, examples):
     prop, impl = property_named(MLA_WRITE), load_implementation("reference")
     cases = triggered(prop, impl, trigger, move)

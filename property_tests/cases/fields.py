@@ -47,6 +47,7 @@ OTHER_KINDS: dict[type, OtherFields] = {}
 
 # fields no operation reads, or that only pick data (the seed is varied by the map on its own)
 SKIPPED = {"seed", "check_values", "slots.pad_fraction", "values.log2_spread", "value_values.log2_spread",
+           "values.sign", "value_values.sign",
            "table.yarn_mscale", "table.yarn_mscale_all_dim", "table.yarn_attn_factor", "table.base",
            "table.poison_unused_rows"}
 # fields only the rotating operations read (the unfused cache writes ignore them)

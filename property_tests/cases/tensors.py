@@ -72,6 +72,8 @@ def activation_values(shape, dtype: torch.dtype, spec, gen: torch.Generator,
     x = x.clamp(-limit, limit)
     if fp8 is not None and spec.midpoint_fraction > 0 and numel:
         x = _near_fp8_midpoints(x, dtype, spec.midpoint_fraction, gen, fp8, scale).clamp(-limit, limit)
+    if spec.sign != "any":
+        x = x.abs() if spec.sign == "non-negative" else -x.abs()
     x = round_once(x, dtype)
     if spec.nan_count and numel:
         flat = x.reshape(-1)

@@ -113,12 +113,15 @@ class Placement(_Compact):
 class ValueSpec(_Compact):
     """Activation values: ``N(0, 1) * 2^log2_magnitude * 2^U(-spread, spread)``, then
     ``nan_count`` NaNs, and (fp8 caches) ``midpoint_fraction`` of the elements moved onto
-    or next to fp8 rounding midpoints of ``x / scale``."""
+    or next to fp8 rounding midpoints of ``x / scale``; ``sign``: ``any``, or every value made
+    ``non-negative`` or ``non-positive`` (its magnitude kept: never drawn, the map moves a failing
+    case there to tell whether its failure needs a sign, ``conformance_map/holds.py``)."""
 
     log2_magnitude: float = 0.0
     log2_spread: float = 2.0
     nan_count: int = 0
     midpoint_fraction: float = 0.0
+    sign: str = "any"
 
 
 @dataclasses.dataclass(frozen=True, repr=False)

@@ -14,7 +14,7 @@ Each relation is ``yes`` where some written value has the property (so ``no`` wh
 written):
 
 * of the input's own dtype: ``NaN``, ``inf``, ``zero`` (either sign), ``subnormal`` (below its
-  dtype's smallest normal), ``negative``;
+  dtype's smallest normal), ``negative``, ``positive``;
 * for an fp8 cache, of ``x / scale`` (divided in float32, CONTRACT §3) rounded to nearest even on
   the cache format's grid with no range limit, per sign: ``rounding past the format's max`` (what
   saturation clamps: a NaN or inf there is the overflow defect), and ``rounding beyond`` each
@@ -82,6 +82,7 @@ def value_relations(built) -> dict[str, bool]:
     out["a written value subnormal (of its dtype)"] = _any(
         [(values != 0) & (values.abs() < torch.finfo(values.dtype).tiny) for values in inputs])
     out["a written value negative"] = _any([values < 0 for values in inputs])
+    out["a written value positive"] = _any([values > 0 for values in inputs])
     fmt = FP8_FORMAT_OF_KV_CACHE_DTYPE.get(getattr(built.case, "kv_cache_dtype", "auto"))
     if fmt is None or written[0][1] is None:
         return out

@@ -10,7 +10,7 @@ Given hypothesis' shrunk failing case:
    tried value fails carries no information and is dropped; the others are the trigger's fields,
    reported as ``block_size: 3, 5 fail; 1, 2, 4 pass``.
 2. Compute derived relations (``fields.relations``: strides against sizes, powers of two, lengths;
-   ``alignment_relations``: which rotated halves start 16-byte aligned) on every tried case. A
+   ``cases/address_relations.py``: which rotated halves start 16-byte aligned) on every tried case. A
    relation that takes one value on every failing case tried and another
    on every passing one *separates* them. Each trigger field is explained by the relation that
    separates its own values and explains most fields (greedy); a relation that separates every
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import math
 from typing import Callable
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, reject, settings
@@ -40,6 +39,8 @@ from hypothesis.errors import Unsatisfiable, UnsatisfiedAssumption
 from mla_fuse_conformance.cases import fields as case_fields
 from mla_fuse_conformance.cases import tensors
 from mla_fuse_conformance.cases import types as case_types
+from mla_fuse_conformance.cases.address_relations import alignment_relations
+from mla_fuse_conformance.cases.features import AXIS
 from mla_fuse_conformance.cases.types import BadInputCase
 from mla_fuse_conformance.running.executor import ChildNotProvided, Crashed, RaisedInChild
 from mla_fuse_conformance.settings import profiles
@@ -83,41 +84,6 @@ def relations_of(case) -> dict[str, bool] | None:
         return None
 
 
-ROTATED = {"query": "q", "key": "k", "q_pe": "q_pe", "k_pe": "k_pe"}  # argument -> its name in a relation
-VECTOR_BYTES = 16  # one SSE/NEON vector, a CUDA 16-byte access; the store vLLM's CPU rope faults on
-# every half of 16 bytes or more (stored in vectors) of every rotated input starts on a vector boundary:
-# what an aligned vector store of the halves needs (vLLM CPU's vmovdqa), true where no half holds a vector
-VECTOR_HALVES = f"every half of >= {VECTOR_BYTES} bytes {VECTOR_BYTES}-byte aligned"
-
-
-def alignment_relations(built) -> dict[str, bool]:
-    """Whether every first half (a head's start) and every second half of each rotated input starts at a
-    16-byte aligned address (the built tensors' own addresses), whether a half is one vector or
-    more, and both at once (``VECTOR_HALVES``): a misaligned vector access reads
-    ``q second half 16-byte aligned: no``, not a width."""
-    table = built.args.get("cos_sin_cache")
-    if table is None:
-        return {}
-    half, out = table.size(1) // 2, {}
-    for name, short in ROTATED.items():
-        view = built.args.get(name)
-        if view is None or not view.numel():
-            continue
-        head_size = table.size(1) if name.endswith("_pe") else getattr(built.case, "head_size", view.size(-1))
-        heads = view.size(1) if view.dim() == 3 else view.size(1) // head_size
-        head_stride = view.stride(1) if view.dim() == 3 else head_size
-        size = view.element_size()
-        steps = [stride * size for stride, extent in ((view.stride(0), view.size(0)), (head_stride, heads))
-                 if extent > 1]
-        for part, start in (("first half", 0), ("second half", half)):
-            out[f"{short} {part} {VECTOR_BYTES}-byte aligned"] = math.gcd(view.data_ptr() + start * size,
-                                                                           *steps) % VECTOR_BYTES == 0
-        out[f"rotary half >= {VECTOR_BYTES} bytes"] = half * size >= VECTOR_BYTES
-        aligned = [out[f"{short} {part} {VECTOR_BYTES}-byte aligned"] for part in ("first half", "second half")]
-        out[VECTOR_HALVES] = out.get(VECTOR_HALVES, True) and (half * size < VECTOR_BYTES or all(aligned))
-    return out
-
-
 @dataclasses.dataclass
 class FieldFinding:
     field: str
@@ -137,7 +103,9 @@ class Diagnosis:
 
     fields: list[FieldFinding]  # the fields with a passing value
     relations: dict[str, str]  # relations separating every case tried: name -> the failing value ("yes"/"no")
-    condition: list[list]  # the cell: [["relation", name, "yes"|"no"] | ["field", path, [shown failing values]]]
+    # the cell: [["relation", name, "yes"|"no"] | ["field" | "field-not", path, [shown values]]
+    # | ["axis" | "axis-not", feature axis, [values]]] (an axis' values excluded: holds.py)
+    condition: list[list]
     tried: int = 0  # examples run to find the above
     dropped: int = 0  # fields varied whose every value failed
     rate: list[int] | None = None  # [failing, tried] among random cases inside the cell
@@ -159,7 +127,7 @@ class Diagnosis:
             kind, name, value = conjunct
             if kind == "relation":
                 parts.append(f"{name}: {value}")
-            elif kind == "field-not":
+            elif kind.endswith("-not"):
                 parts.append(f"{name} not {' or '.join(value)}")
             else:
                 parts.append(f"{name} {' or '.join(value)}")
@@ -301,6 +269,8 @@ def inside(condition: list[list], case, relations: dict | None = None) -> bool:
             values = values or case_fields.leaves(base)
             if (case_fields.show(values.get(name)) in value) != (kind == "field"):
                 return False
+        elif kind in ("axis", "axis-not") and (AXIS[name].of(base) in value) != (kind == "axis"):
+            return False
     if any(kind == "relation" for kind, _, _ in condition):
         relations = relations if relations is not None else relations_of(base)
         if relations is None:
@@ -327,9 +297,13 @@ def measure(prop, impl, strategy, run_example: Callable, condition: list[list], 
     @given(case=strategy)
     def sample(case):
         if not inside(condition, case):  # a drawn case moved onto the cell's field values, where it can be
-            for kind, path, _ in condition:
-                if kind == "field" and case is not None and not isinstance(case, BadInputCase):
+            for kind, path, value in condition:
+                if case is None or isinstance(case, BadInputCase):
+                    break
+                if kind == "field":
                     case = case_fields.vary(case, path, own[path])
+                elif kind == "axis":
+                    case = AXIS[path].set(case, value[0])
             if case is None or not prop.allows(impl, case) or not inside(condition, case):
                 reject()
         fails = outcome(run_example, case)

@@ -41,7 +41,7 @@ def negated(conjunct: list) -> list:
     kind, name, value = conjunct
     if kind == "relation":
         return ["relation", name, "no" if value == "yes" else "yes"]
-    return ["field-not" if kind == "field" else "field", name, value]
+    return [kind.removesuffix("-not") if kind.endswith("-not") else f"{kind}-not", name, value]
 
 
 def fails_less_often(inside: list[int], outside: list[int]) -> float:

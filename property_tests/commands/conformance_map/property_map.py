@@ -33,7 +33,7 @@ from mla_fuse_conformance.cases.features import AXIS, axes_of, describe, feature
 from mla_fuse_conformance.commands.conformance_map import diagnosis as diagnosing
 from mla_fuse_conformance.commands.conformance_map.diagnosis import _base
 from mla_fuse_conformance.commands.conformance_map import known_cells
-from mla_fuse_conformance.commands.conformance_map import refinement
+from mla_fuse_conformance.commands.conformance_map import holds, identity, refinement
 from mla_fuse_conformance.commands.conformance_map.admits import admitted
 
 FAILURES = diagnosing.FAILURES
@@ -211,6 +211,8 @@ def _cell(prop, impl, device, run_example: Callable, strategy, case, error, sour
     if diagnosis.pair:
         diagnosis.pair["file"] = _pair_file(prop, impl, device, run_example, diagnosis.pair)
     diagnosis.admits = admitted(prop, impl, case, diagnosis.condition, cell)
+    on_step(f"{diagnosis.describe()}, running it at each value it admits")
+    holds.exclude_passing_values(prop, impl, strategy, run_example, diagnosis, case, cell)
     failure = dict(recording.failure_record(prop, impl, device, case, error), cell=cell,
                    trigger=diagnosis.describe())
     if getattr(error, "flaky", False):
@@ -258,6 +260,7 @@ def map_property(prop, impl, device, run_example: Callable, max_examples: int, r
     sorter = known_cells.Sorter(run_example, prop.rotates, entries)
     run_example = sorter if entries else run_example
     cells: list[Cell] = []
+    cases: list = []  # the failing case of each of ``cells`` found by a round
     exclude: list[dict] = []
     passing: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     examples, complete, stopped, carried, note = 0, False, None, [], None
@@ -281,10 +284,12 @@ def map_property(prop, impl, device, run_example: Callable, max_examples: int, r
             head = f"round {number}/{rounds}, cell {len(cells) + 1}"
             cells.append(_cell(prop, impl, device, run_example, strategy, case, error,
                                on_step=lambda text, head=head: on_step(f"{head}: {text}")))
+            cases.append(case)
             exclude.append(cells[-1].features)
             if not cells[-1].features:  # every case tried fails: nothing left to map
                 complete = True
                 break
+        _join_split_cells(prop, impl, strategy, run_example, cells, cases, on_step)
         for confirmed in sorter.confirm(known) if entries else []:
             carried.append(_carried(prop, impl, device, confirmed, strategy, sorter.run_example, on_step))
         if not cells and not carried:
@@ -297,6 +302,28 @@ def map_property(prop, impl, device, run_example: Callable, max_examples: int, r
                for axis, counts in sorted(passing.items(), key=lambda item: order.get(item[0], 99))}
     return PropertyMap(prop.name, prop.operations, [*carried, *cells], ordered, examples, complete,
                        note=note or None, stopped=stopped)
+
+
+def _join_split_cells(prop, impl, strategy, run_example: Callable, cells: list[Cell], cases: list,
+                      on_step: Callable[[str], None]) -> None:
+    """Cells of one defect that the rounds found apart (``holds.joined``) given one diagnosis: one
+    title, so one entry (``PropertyMap.merged``, report.json), each keeping its replay file."""
+    for later in range(1, len(cases)):
+        for earlier in range(later):
+            first, second = cells[earlier], cells[later]
+            if (first.diagnosis is None or second.diagnosis is None or first.diagnosis is second.diagnosis
+                    or identity.kind_family(first.kind) != identity.kind_family(second.kind)):
+                continue
+            on_step(f"cells {earlier + 1} and {later + 1}: one defect?")
+            one = holds.joined(prop, impl, strategy, run_example,
+                               (diagnosing.Diagnosis.from_dict(first.diagnosis), cases[earlier], first.features),
+                               (diagnosing.Diagnosis.from_dict(second.diagnosis), cases[later], second.features))
+            if one is not None:
+                joined = dataclasses.asdict(one)
+                for cell in cells[:later + 1]:
+                    if cell.diagnosis is first.diagnosis or cell is second:
+                        cell.diagnosis = joined
+                break
 
 
 def _carried(prop, impl, device, known: known_cells.KnownCell, strategy, run_example: Callable,

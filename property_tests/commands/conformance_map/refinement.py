@@ -21,7 +21,8 @@ from __future__ import annotations
 from typing import Callable
 
 from mla_fuse_conformance.cases import fields as case_fields
-from mla_fuse_conformance.commands.conformance_map.diagnosis import (DATA_FIELDS, VECTOR_HALVES, Diagnosis, _base, measure,
+from mla_fuse_conformance.cases.address_relations import VECTOR_HALVES
+from mla_fuse_conformance.commands.conformance_map.diagnosis import (DATA_FIELDS, Diagnosis, _base, measure,
                                                      relations_of)
 from mla_fuse_conformance.commands.conformance_map.necessity import check_conjuncts
 

@@ -10,7 +10,9 @@ conjuncts), never guessed from the text:
 * a conjunct ``["relation", NAME, VALUE]`` implies the same relation with the same value;
 * ``["field", PATH, VALUES]`` implies ``["field", PATH, MORE]`` where VALUES are among MORE, and
   ``["field-not", PATH, EXCLUDED]`` where none of VALUES is excluded;
-* ``["field-not", PATH, EXCLUDED]`` implies ``["field-not", PATH, FEWER]`` where FEWER are among EXCLUDED.
+* ``["field-not", PATH, EXCLUDED]`` implies ``["field-not", PATH, FEWER]`` where FEWER are among EXCLUDED;
+* a feature axis' ``["axis", AXIS, VALUES]`` and ``["axis-not", AXIS, EXCLUDED]`` (``conformance_map/holds.py``)
+  likewise.
 
 Cell A implies cell B where each conjunct of B is implied by a conjunct of A (A's cases are B's
 cases). A cell of feature values only implies another where its values include the other's. The
@@ -30,11 +32,14 @@ def _conjunct_implies(mine: list, theirs: list) -> bool:
         return False
     if kind == "relation" or other_kind == "relation":
         return kind == other_kind and value == other_value
-    if kind == "field" and other_kind == "field":
+    base, other_base = kind.removesuffix("-not"), other_kind.removesuffix("-not")
+    if base != other_base:  # a field and a feature axis of the same name are different things
+        return False
+    if kind == base and other_kind == base:
         return set(value) <= set(other_value)
-    if kind == "field" and other_kind == "field-not":
+    if kind == base:
         return not set(value) & set(other_value)
-    if kind == "field-not" and other_kind == "field-not":
+    if other_kind != other_base:
         return set(other_value) <= set(value)
     return False
 

@@ -60,15 +60,22 @@ def replay(path: str | None) -> dict | None:
 
 
 def cells(maps: list) -> list[dict]:
-    """The failing cells of every map (``conformance_map.PropertyMap``), one entry each."""
+    """The failing cells of every map (``conformance_map.PropertyMap``), one entry each: cells of one
+    property with one id (one defect the rounds found twice, joined: ``conformance_map/holds.py``) are
+    one entry, the later ones' replays under ``also_replay``."""
     found = []
+    by_id: dict[str, dict] = {}
     for property_map in maps:
         for cell in property_map.cells:
             diagnosis = cell.diagnosis or {}
             pair = diagnosis.get("pair")
             rate = diagnosis.get("rate")
+            identity = cell_id(property_map.property, cell.kind, cell.title())
+            if identity in by_id:
+                by_id[identity].setdefault("also_replay", []).append(replay(cell.file))
+                continue
             found.append({
-                "id": cell_id(property_map.property, cell.kind, cell.title()),
+                "id": identity,
                 "property": property_map.property, "operations": list(property_map.operations),
                 "condition": {"text": cell.title(), "data": diagnosis.get("condition"), "features": cell.features},
                 "kind": cell.kind, "error": cell.error, "worst": cell.worst, "rate": rate,
@@ -77,6 +84,7 @@ def cells(maps: list) -> list[dict]:
                 "fields": diagnosis.get("fields"), "relations": diagnosis.get("relations"),
                 "necessity": diagnosis.get("necessity"), "admits": diagnosis.get("admits"),
                 "source": cell.source, "found_by": cell.found_by, "replay": replay(cell.file)})
+            by_id[identity] = found[-1]
     return found
 
 
