@@ -22,14 +22,16 @@
 #             (on an empty Triton cache an H200 ran 160 of its 250 properties in 6 minutes:
 #             keep the cache between runs, or give a cold run MLA_FUSE_LIMIT_verify=600)
 #   test      the suite (gpu profile) and the tests/ files that run on the kernels' device     480 s
-#   peers     the third-party Triton kernels natively (docs/THIRD_PARTY.md): mla-fuse verify    450 s
-#             --impl flaggems, then --impl liger, then --impl lmdeploy, gpu profile, each under a third
-#             of the step's limit (reports/gpu/peers/<impl>/); their wheels from $MLA_FUSE_WHEELS (else
-#             pip download), unpacked into a temporary directory named by MLA_FUSE_FLAGGEMS_PATH /
-#             MLA_FUSE_LIGER_PATH / MLA_FUSE_LMDEPLOY_PATH (read, never imported); one of those set
-#             names a directory holding the unpacked package instead (copied there). A failing kernel
-#             is the finding; the step fails when a verify could not run (exit 2), ran past its share
-#             (124) or a wheel is missing
+#   peers     the third-party Triton kernels natively (docs/THIRD_PARTY.md): mla-fuse verify    600 s
+#             --impl flaggems, liger, sglang-triton, flash-attn-rotary, lmdeploy, gpu profile, each under
+#             a fifth of the step's limit (reports/gpu/peers/<impl>/). Each package from the adapter's
+#             variable where it is set (MLA_FUSE_FLAGGEMS_PATH, _LIGER_PATH, _SGLANG_PATH,
+#             _FLASH_ATTN_PATH, _LMDEPLOY_PATH: a directory holding it, e.g. only SGLang's two kernel
+#             files; LMDeploy's 107 MB wheel is past the GPU machine's carry limit, its kernel files are not), else its
+#             wheel (flash-attn: sdist) in $MLA_FUSE_WHEELS, else pip download / ci/fetch_sdist.py,
+#             unpacked into a temporary directory the variable then names (read, never imported). A
+#             failing kernel is the finding; the step fails when a verify could not run (exit 2), ran
+#             past its share (124) or a package is missing
 #
 # MLA_FUSE_GPU_STEPS     the steps, in order (default: "dispatch bench compile repro verify", 855 s
 #                        of limits: one 15-minute job; tiles, keys, test and peers are for a job of their own)
@@ -53,15 +55,18 @@
 # Offline runner whose python3 already holds a CUDA build of torch (>= 2.11) and triton (>= 3.6):
 #   MLA_FUSE_WHEELS=DIR  installs every wheel in DIR (mla_fuse's: `pip wheel --no-deps -w DIR .`;
 #                        flag-gems, sqlalchemy and greenlet for the FlagGems peer of the bench step;
-#                        flag-gems, liger-kernel and lmdeploy for the peers step, which reads them from DIR; any
-#                        of the test extra the machine lacks) with no index and no dependencies.
+#                        flag-gems, liger-kernel and lmdeploy for the peers step, which reads them from DIR, and
+#                        flash-attn's sdist; any of the test extra the machine lacks) with no index and no
+#                        dependencies; SGLang's wheel, if there, is not installed (the peers step reads it)
 #   MLA_FUSE_INSTALLED=1 installs nothing: python3 already imports mla_fuse and its test extra.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ -n "${MLA_FUSE_INSTALLED:-}" ]; then
   :  # mla_fuse and its test extra are already importable by python3 (a prepared image, a venv)
 elif [ -n "${MLA_FUSE_WHEELS:-}" ]; then
-  python3 -m pip install -q --no-index --no-deps --force-reinstall "$MLA_FUSE_WHEELS"/*.whl || exit 1
+  # every wheel but SGLang's (cp311-tagged and never installed: the peers step reads its kernel files)
+  python3 -m pip install -q --no-index --no-deps --force-reinstall $(ls "$MLA_FUSE_WHEELS"/*.whl | grep -v '/sglang-') \
+    || exit 1
 else
   python3 -m venv .venv && . .venv/bin/activate || exit 1
   pip install -q torch==2.13.0 -e ".[dev,bench]" || exit 1
@@ -72,7 +77,7 @@ print("torch", torch.__version__, "triton", triton.__version__, "hypothesis", hy
       "mla_fuse", mla_fuse.__version__, "device", torch.cuda.get_device_name() if torch.cuda.is_available() else "none")' \
   | tee reports/gpu/versions.txt
 
-declare -A LIMIT=([dispatch]=45 [bench]=120 [tiles]=240 [compile]=150 [keys]=150 [repro]=120 [verify]=420 [test]=480 [peers]=450)
+declare -A LIMIT=([dispatch]=45 [bench]=120 [tiles]=240 [compile]=150 [keys]=150 [repro]=120 [verify]=420 [test]=480 [peers]=600)
 cache_dir=${TRITON_CACHE_DIR:-$HOME/.triton/cache}
 kernels() { find "$1" -name '*.cubin' -o -name '*.hsaco' 2>/dev/null | wc -l; }
 suite=(python3 -m pytest -p no:cacheprovider --pyargs mla_fuse_conformance --mla-fuse-impl=triton)
@@ -100,35 +105,51 @@ step_repro() {  # a planted bug on CUDA: each cell's reproducer must name DEVICE
   [ "${made:-0}" -gt 0 ] && [ "$made" = "$reproduced" ] && [ "$made" = "$cuda" ]
 }
 
-step_peers() {  # FlagGems', Liger-Kernel's and LMDeploy's kernels on the GPU, from their wheels (never imported)
-  local unpacked each impl package pin var wheel where out code status=0
+step_peers() {  # the third-party Triton kernels on the GPU, read from their wheels / sdist (unpacked, never imported)
+  local unpacked each impl package kind pin var found path out code status=0
+  local peers=("flaggems flag_gems wheel flag-gems==5.0.2 MLA_FUSE_FLAGGEMS_PATH"
+               "liger liger_kernel wheel liger-kernel==0.8.5 MLA_FUSE_LIGER_PATH"
+               "sglang-triton sglang wheel sglang==0.5.23 MLA_FUSE_SGLANG_PATH"
+               "flash-attn-rotary flash_attn sdist flash-attn==2.8.3.post2 MLA_FUSE_FLASH_ATTN_PATH"
+               "lmdeploy lmdeploy wheel lmdeploy==0.18.0 MLA_FUSE_LMDEPLOY_PATH")
   unpacked=$(mktemp -d)
-  each=$((step_limit > 90 ? step_limit / 3 - 15 : 15))  # each verify's share of the step's limit (all report)
-  for peer in "flaggems flag_gems flag-gems==5.0.2 MLA_FUSE_FLAGGEMS_PATH" \
-              "liger liger_kernel liger-kernel==0.8.5 MLA_FUSE_LIGER_PATH" \
-              "lmdeploy lmdeploy lmdeploy==0.18.0 MLA_FUSE_LMDEPLOY_PATH"; do
-    read -r impl package pin var <<< "$peer"
-    if [ -n "${!var:-}" ]; then  # a directory given (LMDeploy's 107 MB wheel travels badly: its kernel files do)
-      wheel=given && mkdir -p "$unpacked/$impl" && cp -r "${!var}/." "$unpacked/$impl/"
-      where="in \$$var"
-    elif [ -n "${MLA_FUSE_WHEELS:-}" ]; then
-      wheel=$(ls "$MLA_FUSE_WHEELS/$package"-*.whl 2>/dev/null | tail -1)
-      where="in $MLA_FUSE_WHEELS"
-    else  # binary only: LMDeploy's sdist would build its C++ engine
-      wheel=$(python3 -m pip download -q --no-deps --only-binary=:all: "$pin" -d "$unpacked" \
-              && ls "$unpacked/$package"-*.whl | tail -1)
-      where="from pip download $pin"
-    fi
-    if [ -z "$wheel" ] || { [ "$wheel" != given ] && ! python3 -m zipfile -e "$wheel" "$unpacked/$impl"; }; then
-      echo "summary: $impl: no $package wheel $where"
-      status=1; continue
+  each=$((step_limit > 30 * ${#peers[@]} ? step_limit / ${#peers[@]} - 15 : 15))  # each verify's share (all report)
+  for peer in "${peers[@]}"; do
+    read -r impl package kind pin var <<< "$peer"
+    path=${!var:-}  # given: a directory holding the package (only its kernel files are read)
+    if [ -n "$path" ]; then
+      found="$var=$path"
+    else
+      if [ -n "${MLA_FUSE_WHEELS:-}" ]; then
+        found=$(ls "$MLA_FUSE_WHEELS/$package"-*"$([ "$kind" = wheel ] && echo .whl || echo .tar.gz)" 2>/dev/null \
+                | tail -1)
+        if [ -z "$found" ]; then
+          echo "summary: $impl: no $package $kind in $MLA_FUSE_WHEELS (nor $var)"; status=1; continue
+        fi
+      elif [ "$kind" = wheel ]; then
+        found=$(python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 \
+                  --platform manylinux_2_34_x86_64 "$pin" -d "$unpacked" && ls "$unpacked/$package"-*.whl | tail -1)
+      else
+        found=$(python3 ci/fetch_sdist.py "${pin%%==*}" "${pin##*==}" "$unpacked")
+      fi
+      path=$unpacked/$impl
+      if [ -n "$found" ] && [ "$kind" = wheel ]; then
+        python3 -m zipfile -e "$found" "$path" || found=""
+      elif [ -n "$found" ]; then  # an sdist: its top directory holds the package
+        { mkdir -p "$path" && tar -xzf "$found" -C "$path" && path=$(ls -d "$path"/*/ | head -1); } || found=""
+      fi
+      if [ -z "$found" ]; then
+        echo "summary: $impl: no $package $kind from ${MLA_FUSE_WHEELS:-the index ($pin)}"
+        status=1; continue
+      fi
+      found=$(basename "$found")
     fi
     out=reports/gpu/peers/$impl
     rm -rf "$out" && mkdir -p "$out"
-    env "$var=$unpacked/$impl" MLA_FUSE_FAILURE_DIR="$out/failures" timeout --kill-after=10 "$each" \
+    env "$var=$path" MLA_FUSE_FAILURE_DIR="$out/failures" timeout --kill-after=10 "$each" \
       mla-fuse verify --impl "$impl" --profile gpu --report-dir "$out" --map-seconds 60 -n auto > "$out/verify.log" 2>&1
     code=$?
-    echo "summary: $impl, $(basename "$wheel"): verify --profile gpu exit $code (0 conforms, 1 does not, 2 could not" \
+    echo "summary: $impl, $found: verify --profile gpu exit $code (0 conforms, 1 does not, 2 could not" \
          "run, 124 past ${each} s); $(grep -a '^verdict: ' "$out/verify.log" | tail -1)"
     if [ "$code" -ge 2 ]; then status=1; tail -5 "$out/verify.log"; fi  # a failing kernel is the finding
   done

@@ -103,16 +103,23 @@ def test_pyproject_installs_every_package_of_the_tree():
 
 
 FAKE_MLA_FUSE = """#!/usr/bin/env bash
-package=${MLA_FUSE_FLAGGEMS_PATH:-${MLA_FUSE_LIGER_PATH:-${MLA_FUSE_LMDEPLOY_PATH:-/nowhere}}}
-echo "$(printf '%q ' "$@")| $(ls "$package" | tr '\\n' ' ')| $MLA_FUSE_FAILURE_DIR" >> "$CALLS"
+case $3 in
+  flaggems) package=$MLA_FUSE_FLAGGEMS_PATH ;; liger) package=$MLA_FUSE_LIGER_PATH ;;
+  sglang-triton) package=$MLA_FUSE_SGLANG_PATH ;; flash-attn-rotary) package=$MLA_FUSE_FLASH_ATTN_PATH ;;
+  lmdeploy) package=$MLA_FUSE_LMDEPLOY_PATH ;;
+esac
+echo "$(printf '%q ' "$@")| $(ls "${package:-/nowhere}" | tr '\\n' ' ')| $MLA_FUSE_FAILURE_DIR" >> "$CALLS"
 echo "verdict: FAIL"
 exit $(cat "$EXITS/$3")
 """
+PEERS = ("flaggems", "liger", "sglang-triton", "flash-attn-rotary", "lmdeploy")
 
 
 def peers_tree(tmp_path: pathlib.Path, packages: tuple[str, ...]) -> dict:
-    """A copy of ci/gpu.sh in an empty tree, a fake ``mla-fuse`` recording its calls, wheels of ``packages``."""
+    """A copy of ci/gpu.sh in an empty tree, a fake ``mla-fuse`` recording its calls, wheels of ``packages``,
+    flash-attn's sdist, and SGLang's kernel files unpacked in a directory its variable names."""
     import sys
+    import tarfile
     import zipfile
 
     (tmp_path / "ci").mkdir()
@@ -126,21 +133,33 @@ def peers_tree(tmp_path: pathlib.Path, packages: tuple[str, ...]) -> dict:
         with zipfile.ZipFile(tmp_path / "wheels" / f"{package}-1.0-py3-none-any.whl", "w") as wheel:
             wheel.writestr(f"{package}/__init__.py", "")
             wheel.writestr(f"{package}-1.0.dist-info/METADATA", "Name: x\n")
+    sdist = tmp_path / "sdist" / "flash_attn-1.0"
+    (sdist / "flash_attn").mkdir(parents=True)
+    (sdist / "flash_attn" / "__init__.py").write_text("")
+    (sdist / "PKG-INFO").write_text("Name: flash-attn\n")
+    with tarfile.open(tmp_path / "wheels" / "flash_attn-1.0.tar.gz", "w:gz") as archive:
+        archive.add(sdist, arcname="flash_attn-1.0")
+    for part in ("sglang/kernels", "sglang-1.0.dist-info"):  # SGLang's kernel files alone, as the GPU is given them
+        (tmp_path / "sglang-kernels" / part).mkdir(parents=True)
     (tmp_path / "exits").mkdir()
     return {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "CALLS": str(tmp_path / "calls"),
-            "EXITS": str(tmp_path / "exits"),
+            "EXITS": str(tmp_path / "exits"), "MLA_FUSE_SGLANG_PATH": str(tmp_path / "sglang-kernels"),
             "MLA_FUSE_INSTALLED": "1", "MLA_FUSE_WHEELS": str(tmp_path / "wheels"), "MLA_FUSE_GPU_STEPS": "peers",
-            "MLA_FUSE_LIMIT_peers": "100", "TRITON_CACHE_DIR": str(tmp_path / "triton"), "HOME": str(tmp_path)}
+            "MLA_FUSE_LIMIT_peers": "200", "TRITON_CACHE_DIR": str(tmp_path / "triton"), "HOME": str(tmp_path)}
 
 
-def test_the_gpu_jobs_peers_step_verifies_flaggems_liger_and_lmdeploy_from_the_wheels_it_is_given(tmp_path):
+def test_the_gpu_jobs_peers_step_verifies_the_five_peers_from_what_it_is_given(tmp_path):
     """ci/gpu.sh's ``peers`` step (no GPU needed to check its wiring: a fake ``mla-fuse``): each wheel of
-    $MLA_FUSE_WHEELS unpacked and named by the adapter's variable, a verify each under a third of the step's limit;
-    a failing kernel (exit 1) leaves the step ok, a verify that could not run (2) or a missing wheel fails it."""
-    peers = (("flaggems", "flag_gems"), ("liger", "liger_kernel"), ("lmdeploy", "lmdeploy"))
-    env = peers_tree(tmp_path, tuple(package for _, package in peers))
-    for codes, expected in (((1, 0, 1), 0), ((0, 2, 0), 1)):
-        for (impl, _), code in zip(peers, codes):
+    $MLA_FUSE_WHEELS and flash-attn's sdist unpacked and named by the adapter's variable, SGLang's kernel files
+    where its variable names them, a verify each under a fifth of the step's limit; a failing kernel (exit 1)
+    leaves the step ok, a verify that could not run (2) or a missing wheel fails it."""
+    env = peers_tree(tmp_path, ("flag_gems", "liger_kernel", "lmdeploy"))
+    listings = [["flag_gems", "flag_gems-1.0.dist-info"], ["liger_kernel", "liger_kernel-1.0.dist-info"],
+                ["sglang", "sglang-1.0.dist-info"], ["PKG-INFO", "flash_attn"], ["lmdeploy", "lmdeploy-1.0.dist-info"]]
+    found = ["flag_gems-1.0-py3-none-any.whl", "liger_kernel-1.0-py3-none-any.whl",
+             f"MLA_FUSE_SGLANG_PATH={tmp_path / 'sglang-kernels'}", "flash_attn-1.0.tar.gz", "lmdeploy-1.0-py3-none-any.whl"]
+    for codes, expected in (((1, 0, 1, 0, 1), 0), ((0, 2, 0, 0, 0), 1), ((0, 0, 0, 2, 0), 1), ((0, 0, 0, 0, 2), 1)):
+        for impl, code in zip(PEERS, codes):
             (tmp_path / "exits" / impl).write_text(str(code))
         (tmp_path / "calls").unlink(missing_ok=True)
         result = subprocess.run(["bash", str(tmp_path / "ci" / "gpu.sh")], env=env, capture_output=True, text=True,
@@ -148,16 +167,17 @@ def test_the_gpu_jobs_peers_step_verifies_flaggems_liger_and_lmdeploy_from_the_w
         out = result.stdout + result.stderr
         assert result.returncode == expected, out
         calls = [line.split(" | ") for line in (tmp_path / "calls").read_text().splitlines()]
-        assert [call[0].split()[:3] for call in calls] == [["verify", "--impl", impl] for impl, _ in peers]
+        assert [call[0].split()[:3] for call in calls] == [["verify", "--impl", impl] for impl in PEERS]
         assert all("--profile gpu --report-dir reports/gpu/peers/" in call[0] for call in calls), calls
-        assert [call[1].split() for call in calls] == [[package, f"{package}-1.0.dist-info"] for _, package in peers]
-        assert [call[2] for call in calls] == [f"reports/gpu/peers/{impl}/failures" for impl, _ in peers]
-        for (impl, package), code in zip(peers, codes):
-            assert f"{impl}, {package}-1.0-py3-none-any.whl: verify --profile gpu exit {code} " in out, out
-        assert "past 18 s" in out, out  # a third of the step's 100 s, less 15
+        assert [call[1].split() for call in calls] == listings
+        assert [call[2] for call in calls] == [f"reports/gpu/peers/{impl}/failures" for impl in PEERS]
+        for impl, what, code in zip(PEERS, found, codes):
+            assert f"{impl}, {what}: verify --profile gpu exit {code} " in out, out
+        assert "past 25 s" in out, out  # a fifth of the step's 200 s, less 15
         assert ("peers     ok" if expected == 0 else "peers     FAILED (1)") in out, out
     (tmp_path / "wheels" / "liger_kernel-1.0-py3-none-any.whl").unlink()
-    (tmp_path / "exits" / "liger").write_text("0")
+    for impl in PEERS:
+        (tmp_path / "exits" / impl).write_text("0")
     result = subprocess.run(["bash", str(tmp_path / "ci" / "gpu.sh")], env=env, capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 1 and f"liger: no liger_kernel wheel in {tmp_path / 'wheels'}" in result.stdout, \

@@ -13,6 +13,10 @@ none of its pinned dependencies is needed.
 
 from __future__ import annotations
 
+import os
+import pathlib
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -148,6 +152,24 @@ def test_vllms_fp8_names_are_refused_before_anything_is_written(flaggems, kv_cac
         flaggems().concat_and_cache_mla(kv_c, k_pe, cache, torch.tensor([3, 0], device=DEVICE), kv_cache_dtype,
                                         torch.ones(1, device=DEVICE))
     assert (cache == SENTINEL).all()
+
+
+UPSTREAM = pathlib.Path(__file__).parents[1] / "docs" / "upstream"
+
+
+@pytest.mark.nightly  # two fresh interpreters each (~10 s here); the defects themselves are checked per change
+@pytest.mark.parametrize("script", ["flaggems-mla-fp8-cache-dtype-names.py", "flaggems-flash-cache-entry-stride.py"])
+def test_the_upstream_reproducer_exits_1_on_the_defect_and_0_with_reference(flaggems_root, script):
+    """The confirmed defects' standalone reproducers in docs/upstream/ (torch, triton and FlagGems' files; no
+    mla_fuse): vLLM's ``fp8_e4m3`` refused by the MLA write (``test_vllms_fp8_names_are_refused_...``), and the
+    flash write's entry stride (``test_flash_cache_entries_are_written_as_if_packed``)."""
+    path = ["--path", flaggems_root] if flaggems_root else []
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    for extra, code in (([], 1), (["--reference"], 0)):
+        result = subprocess.run([sys.executable, str(UPSTREAM / script), *path, *extra], capture_output=True,
+                                text=True, env=env, timeout=300)
+        assert result.returncode == code, result.stdout + result.stderr
+        assert ("DEFECT:" if code else "OK:") in result.stdout, result.stdout
 
 
 def test_the_flash_write_raises_after_writing_fp8_as_the_patch_does(flaggems):

@@ -207,7 +207,7 @@ def test_the_tests_marked_nightly_run_nightly_and_only_there():
     job = workflow()["jobs"]["tests"]
     assert "gpu" not in job["runs-on"] and job["env"]["MLA_FUSE_HYPOTHESIS_DB"] == ""
     assert [step["run"] for step in job["steps"] if "run" in step] == ["bash ci/nightly.sh tests"]
-    branch = SCRIPT.read_text().partition("    tests)\n")[2].partition(";;")[0]
+    branch = SCRIPT.read_text().replace("\\\n", " ").partition("    tests)\n")[2].partition(";;")[0]
     assert branch.rstrip().endswith("exec env CI=true python -m pytest -n auto --nightly"), branch
     # the install of the test command (.ci/run's last line, the README's), step for step
     test_command = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]

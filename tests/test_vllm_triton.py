@@ -179,6 +179,24 @@ def test_heads_are_read_as_if_packed():
         assert torch.equal(caches[0][0, :tokens], key) == packed, (key.stride(), caches[0][0, :tokens])
 
 
+def test_a_value_head_size_other_than_the_keys_is_read_and_written_with_the_keys():
+    """The declared ``Dv != D`` limit, found unguarded by the suite's limit check (docs/THIRD_PARTY.md): the kernel
+    reads value with key's head size and writes it at key's offsets, so a 2-wide value has the 2 elements after it
+    read and written into the next entry. Not guarded by a caller line (``GUARDED_BY_CALLER`` names the two that
+    are); the wrapper's comments give value the key's head size. Plain torch and the kernel."""
+    impl = _implementation()
+    memory = torch.arange(1, 9, dtype=torch.float32, device=DEVICE)  # value = memory[:2], then 3, 4, ...
+    key = torch.tensor([[[10.0, 20.0, 30.0, 40.0]]], device=DEVICE)
+    key_cache, value_cache = torch.zeros(1, 2, 1, 4, device=DEVICE), torch.zeros(1, 2, 1, 2, device=DEVICE)
+    one = torch.ones(1, device=DEVICE)
+    slots = torch.tensor([0], device=DEVICE)
+    impl.reshape_and_cache_flash(key, memory[:2].view(1, 1, 2), key_cache, value_cache, slots, "auto", one, one)
+    assert key_cache[0, 0, 0].tolist() == [10.0, 20.0, 30.0, 40.0]
+    assert value_cache.flatten().tolist() == [1.0, 2.0, 3.0, 4.0]  # slot 1 written with what follows value
+    assert set(impl.guarded_by_caller["reshape_and_cache_flash"]) == {"slot_mapping layout strided",
+                                                                      "per-head scales yes"}
+
+
 def test_mla_fuse_verify_runs_it_on_one_models_deployments(verify_one_deployment):
     """The suite's own run of the adapter: Llama's flash writes pass, per-head scales declared."""
     code, report = verify_one_deployment("vllm-triton")

