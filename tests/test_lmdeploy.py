@@ -251,7 +251,7 @@ def test_a_planted_bug_in_each_kernel_is_caught(lmdeploy, bug):
 
 def test_mla_fuse_verify_passes_it_on_lmdeploys_own_deployments(lmdeploy_root, verify_one_deployment):
     """The suite's own run of the adapter on the deployments of LMDeploy's layouts (``SERVES``: run whatever is
-    declared): DeepSeek-V3's fp8 MLA write, Llama's rope and flash write in bf16 and fp8: PASS."""
+    declared): DeepSeek-V3's bf16 MLA write, Llama's rope and flash write in bf16 and fp8: PASS."""
     code, report = verify_one_deployment("lmdeploy", "in_deployment and lmdeploy",
                                          **({PATH_ENV_VAR: lmdeploy_root} if lmdeploy_root else {}))
     verdicts = {(entry["name"], entry["operation"], entry["verdict"]) for entry in report["deployments"]}

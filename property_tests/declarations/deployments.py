@@ -239,9 +239,10 @@ DEPLOYMENTS = (
        "heads sliced to the rotary width ([T, H, 64] of a 128 head), one KV head", _S_PAGE,
        "sglang/srt/layers/rotary_embedding/base.py:466"),
     # LMDeploy's PyTorch engine: per-layer views into one packed byte pool, block 0 reserved for padding
-    _d("deepseek-v3-tp8-fp8-lmdeploy-decode", "deepseek-v3", 8, 16, 0, "fp8-unit", 64, "lmdeploy-mla", "decode", 8,
-       ("concat_and_cache_mla",), "[T, 1, L + R] key_states whole, the value cache a view of the key cache, fp8 "
-       "at scale 1, 64-slot blocks of a layer's pool chunk", _L64, _LFP8),
+    _d("deepseek-v3-tp8-bf16-lmdeploy-decode", "deepseek-v3", 8, 16, 0, "auto", 64, "lmdeploy-mla", "decode", 8,
+       ("concat_and_cache_mla",), "[T, 1, L + R] key_states whole, the value cache a view of the key cache, "
+       "64-slot blocks of a layer's pool chunk (FlashMLA's and Triton's path alike)", _L64,
+       "lmdeploy/messages.py:573"),
     _d("llama-3.1-8b-tp1-bf16-lmdeploy-prefill", "llama-3.1-8b", 1, 32, 8, "bf16", 64, "lmdeploy-flash", "prefill",
        40, _MHA, "head views of qkv rotated in place, K then V packed in each block of a layer's pool chunk", _L64),
     _d("llama-3.1-8b-tp1-fp8-lmdeploy-decode", "llama-3.1-8b", 1, 32, 8, "fp8-unit", 16, "lmdeploy-flash", "decode",

@@ -61,10 +61,13 @@ LMDEPLOY = (
                         + "; the value cache k_cache[..., :L] (v_head_dim 0)",
                         f"{_LMD}/engine/cache_engine/layout.py:63"),
         **_LMD_INDEX,
-        sources=(*_LMD_SOURCES, f"{_LMD}/configurations/deepseek_v2.py:20", f"{_LMD}/models/deepseek_v2.py:576"),
+        sources=(*_LMD_SOURCES, f"{_LMD}/configurations/deepseek_v2.py:20", f"{_LMD}/models/deepseek_v2.py:576",
+                 f"{_LMD}/backends/cuda/attention/mla.py:524"),
         notes=_LMD_NOTES + "The write takes key_states [T, 1, L + R] whole, k_pe and kv_c being its columns "
               "(deepseek_v2.py:527-533); FlashMLA's and Triton's MLA attention both write through "
-              "fill_kv_cache. DeepSeek's rope is inplace=False (deepseek_v2.py:561): not the contract's call."),
+              "fill_kv_cache; an fp8 cache (quant_policy 16) only on Triton's: FlashMLA's writer asserts "
+              "quant_policy NONE for a float8 cache (backends/cuda/attention/mla.py:507-524). DeepSeek's rope is "
+              "inplace=False (deepseek_v2.py:561): not the contract's call."),
     EngineLayout(
         "lmdeploy-flash", "lmdeploy", "mha",
         calls=(Call("rotary_embedding", "apply_rotary_pos_emb (ApplyRotaryEmb, inplace=True)",
