@@ -1,13 +1,15 @@
 """Re-check the engine sources the suite's declarations cite against unpacked engine wheels.
 
-Every ``path:line`` of ``declarations/engine_layouts.py`` and ``declarations/deployments.py``
-must name an existing line of the pinned version (``ci/engine_pins.sh``), and every call site
+Every ``path:line`` of ``declarations/engine_layouts.py`` (LMDeploy's from ``declarations/lmdeploy_layouts.py``)
+and ``declarations/deployments.py`` must name an existing line of the pinned version (``ci/engine_pins.sh``;
+LMDeploy's, ``ci/third_party_wheels.sh``), and every call site
 must still call the function it names (its name within 3 lines). Prints each cited line, so a
 reader can see that a view or a setting is still where the entry says; exits 1 on a problem.
 
 Usage, after unpacking the pinned wheels (Python files are enough) into DIR, one folder each:
 
-    mkdir -p DIR && cd DIR && pip download --no-deps vllm==0.33.0 sglang==0.5.23 flashinfer-python==0.7.2
+    mkdir -p DIR && cd DIR
+    pip download --no-deps vllm==0.33.0 sglang==0.5.23 flashinfer-python==0.7.2 lmdeploy==0.18.0
     for w in *.whl; do unzip -q -o "$w" '*.py' -d "${w%%-*}"; done
     python ci/check_engine_sources.py DIR
 

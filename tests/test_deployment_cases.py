@@ -112,11 +112,13 @@ import json
 from mla_fuse_reference.adapter import ReferenceImplementation
 from mla_fuse_conformance.declarations.deployments import DEPLOYMENTS
 
+GLM = next(d for d in DEPLOYMENTS if d.name == "glm-4-9b-tp1-bf16-vllm-flash-prefill")
+
 class Mine(ReferenceImplementation):
-    deployments = (dataclasses.replace(DEPLOYMENTS[-2], name="my-glm-prefill"),)
+    deployments = (dataclasses.replace(GLM, name="my-glm-prefill"),)
 
 class Wrong(ReferenceImplementation):
-    deployments = (dataclasses.replace(DEPLOYMENTS[-2], name="my-glm-prefill", heads=3),)
+    deployments = (dataclasses.replace(GLM, name="my-glm-prefill", heads=3),)
 '''
 
 

@@ -3,13 +3,15 @@ docs/THIRD_PARTY.md is the report).
 
 Loading (nothing of LMDeploy imported); the mapping of the contract's slot mapping onto LMDeploy's step metadata
 (sequences, history, block tables, padded entries at the reserved block 0), by hand; fixed cases of each
-operation against the reference; a planted bug in each loaded kernel caught; the suite's own run on one
-deployment; the confirmed defect (a NaN stored in an fp8 cache as +-448) by its second routes, the GPU compile's
-PTX and (nightly) the standalone reproducer. Seconds under the interpreter.
+operation against the reference; a planted bug in each loaded kernel caught; LMDeploy's packed cache pool as
+its layouts' cache form; the suite's own run on LMDeploy's own deployments (served); the confirmed defect (a NaN
+stored in an fp8 cache as +-448) by its second routes, the GPU compile's PTX and (nightly) the standalone
+reproducer. Seconds under the interpreter.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import pathlib
 import subprocess
@@ -18,6 +20,10 @@ import sys
 import pytest
 import torch
 
+from mla_fuse_conformance.adapters.lmdeploy import SERVES
+from mla_fuse_conformance.cases.deployment_cases import deployments_running
+from mla_fuse_conformance.cases.engine_caches import CacheLayout, MhaCacheSpec, MlaCacheSpec, build_caches
+from mla_fuse_conformance.declarations.engine_layouts import LAYOUTS
 from mla_fuse_conformance.judging.comparisons import rope_bound, rotation_terms
 from mla_fuse_reference import ops as ref
 from third_party_helpers import DEVICE, adapter_loader, randn, rope_table
@@ -243,14 +249,74 @@ def test_a_planted_bug_in_each_kernel_is_caught(lmdeploy, bug):
     assert not torch.equal(_entries(cache), _entries(want))
 
 
-def test_mla_fuse_verify_passes_it_on_a_deepseek_v3_decode_deployment(lmdeploy_root, verify_one_deployment):
-    """The suite's own run of the adapter on DeepSeek-V3's TP 8 bf16 decode deployment (its rope and MLA cache
-    write as vLLM lays them out, run within the adapter's declarations): PASS."""
-    code, report = verify_one_deployment("lmdeploy", "in_deployment and deepseek-v3-tp8-bf16-vllm-decode",
+def test_mla_fuse_verify_passes_it_on_lmdeploys_own_deployments(lmdeploy_root, verify_one_deployment):
+    """The suite's own run of the adapter on the deployments of LMDeploy's layouts (``SERVES``: run whatever is
+    declared): DeepSeek-V3's bf16 MLA write, Llama's rope and flash write in bf16 and fp8: PASS."""
+    code, report = verify_one_deployment("lmdeploy", "in_deployment and lmdeploy",
                                          **({PATH_ENV_VAR: lmdeploy_root} if lmdeploy_root else {}))
-    verdicts = {(entry["operation"], entry["verdict"]) for entry in report["deployments"]}
-    assert code == 0 and verdicts == {("rotary_embedding", "pass"), ("concat_and_cache_mla", "pass")}, \
-        report["deployments"]
+    verdicts = {(entry["name"], entry["operation"], entry["verdict"]) for entry in report["deployments"]}
+    served = {(d.name, operation, "pass") for operation, layouts in SERVES.items()
+              for d in deployments_running(operation) if d.layout in layouts}
+    assert code == 0 and len(served) == 5 and verdicts == served, report["deployments"]
+
+
+def test_it_serves_every_call_of_lmdeploys_layouts():
+    """Each call of each LMDeploy layout (``declarations/lmdeploy_layouts.py``) is one the adapter serves, and it
+    serves no other engine's: a layout's call added without the adapter standing in for it shows here."""
+    calls = {(operation, layout.name) for layout in LAYOUTS.values() if layout.engine == "lmdeploy"
+             for operation in layout.operations}
+    assert calls == {(operation, name) for operation, names in SERVES.items() for name in names}
+
+
+def _packed_pool(layers: int, blocks: int, descs: list[tuple[tuple[int, ...], torch.dtype]]) -> list[list]:
+    """LMDeploy's ``PackedBlockCacheLayout.allocate`` (lmdeploy/pytorch/engine/cache_engine/layout.py:60-73) with
+    ``CacheDesc``'s 256-byte alignment (lmdeploy/pytorch/engine/cache_engine/schema.py:37-42), its statements in
+    order: per spec, the ``[layers, NB, *shape]`` view; then per layer ``[i]``, as the model runner hands each layer
+    its caches."""
+    sizes = [math.prod(shape) * dtype.itemsize for shape, dtype in descs]
+    aligned = [(size + 255) // 256 * 256 for size in sizes]
+    pool_tensor = torch.zeros((layers, blocks, sum(aligned)), dtype=torch.uint8)
+    views, offset = [], 0
+    for (shape, dtype), size, step in zip(descs, sizes, aligned):
+        cache = pool_tensor[:, :, offset:offset + size].view(dtype)
+        views.append(cache.view((layers, blocks, *shape)))
+        offset += step
+    return [[view[i] for view in views] for i in range(layers)]
+
+
+def _byte_geometry(view: torch.Tensor, pool: torch.Tensor) -> tuple:
+    """Shape, byte strides and byte offset in its pool: what two layouts of one storage must agree on."""
+    size = view.element_size()
+    start = view.storage_offset() * size - pool.storage_offset() * pool.element_size()
+    return tuple(view.shape), tuple(stride * size for stride in view.stride()), start
+
+
+@pytest.mark.parametrize("layout_name, dtype", [("lmdeploy-flash", torch.bfloat16),
+                                                ("lmdeploy-flash", torch.float8_e4m3fn),
+                                                ("lmdeploy-mla", torch.bfloat16)])
+def test_lmdeploys_packed_pool_is_its_layouts_cache_form(layout_name, dtype):
+    """The cache form ``lmdeploy_layouts`` declares (``chunked``; K/V ``flashinfer`` for MHA), built by
+    ``cases/engine_caches.py``, puts every layer's K and V at the bytes LMDeploy's packed pool does: one pool,
+    layer ``i`` its ``[i]`` chunk, K then V in each block (Llama-3.1-8B's Hkv 8, D 128, at block 16), and
+    DeepSeek's key cache ``[NB, B, 1, L + R]`` beside an empty V (v_head_dim 0)."""
+    layers, blocks, block_size = 3, 5, 16
+    form = LAYOUTS[layout_name].cache
+    if form.kv:
+        spec, descs = MhaCacheSpec(8, 128), [((block_size, 8, 128), dtype)] * 2
+    else:
+        spec, descs = MlaCacheSpec(576), [((block_size, 1, 576), dtype), ((block_size, 1, 0), dtype)]
+    theirs = _packed_pool(layers, blocks, descs)
+    ours = build_caches({f"layer{i}": spec for i in range(layers)}, CacheLayout(form.pool, form.kv or "flash",
+                        form.hnd), blocks=blocks, block_size=block_size, dtype=dtype)
+    assert len(ours.pools) == 1
+    for (key, value), entry in zip(theirs, ours.layers.values()):
+        pool = theirs[0][0]
+        if form.kv:
+            assert _byte_geometry(entry.key_cache, ours.pools[0]) == _byte_geometry(key, pool)
+            assert _byte_geometry(entry.value_cache, ours.pools[0]) == _byte_geometry(value, pool)
+        else:
+            assert _byte_geometry(entry.kv_cache, ours.pools[0]) == _byte_geometry(key.squeeze(2), pool)
+            assert value.numel() == 0
 
 
 # ---------------------------------------------------------------- the confirmed defect: fp8 NaN stored as +-448

@@ -67,7 +67,9 @@ TurboQuant helpers the wrapper imports (``turbo_quant.py``) are not contract for
 ``_fill_kv_cache_quant_kernel`` (int4/int8/TurboQuant) is not loaded. Under the interpreter:
 ``corrected_interpreter`` (``running/interpreter_corrections.py``: fp8, bf16, masks) around each launch.
 
-Declared limits (``CAPABILITIES``), each from an assert or a shape of LMDeploy.
+Declared limits (``CAPABILITIES``), each from an assert or a shape of LMDeploy. Served (``SERVES``): the
+adapter calls the kernels as LMDeploy's engine does, so the deployments of LMDeploy's own layouts
+(``declarations/lmdeploy_layouts.py``: DeepSeek's MLA write, Llama's rope and flash write) run whatever is declared.
 """
 
 from __future__ import annotations
@@ -108,6 +110,9 @@ _CACHE = dict(block_sizes=tuple(2 ** n for n in range(4, 13)), padding_slot=RESE
 # (torch.ones(())), and the fp8 kernel loads one value (fill_kv_cache.py:214, 229): no per-head scales.
 CAPABILITIES = {"concat_and_cache_mla": Capabilities(**_CACHE),
                 "reshape_and_cache_flash": Capabilities(per_head_scales=False, **_CACHE)}
+# the engine calls this adapter stands in for: LMDeploy's own layouts (module docstring)
+SERVES = {"rotary_embedding": ("lmdeploy-flash",), "concat_and_cache_mla": ("lmdeploy-mla",),
+          "reshape_and_cache_flash": ("lmdeploy-flash",)}
 
 
 def package_dir() -> pathlib.Path:
@@ -193,6 +198,7 @@ class LmdeployImplementation:
     padded_rows = "rotated"  # the rope is not told of padding: every row rotates
     checks_inputs = False  # the wrappers check TurboQuant sizes only
     capabilities = CAPABILITIES
+    serves = SERVES  # LMDeploy's own engine layouts (module docstring)
 
     def __init__(self, sources: dict[str, str] | None = None) -> None:
         package = package_dir()
@@ -262,4 +268,5 @@ class LmdeployImplementation:
         self._fill(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale)
 
 
-__all__ = ["CAPABILITIES", "PATH_ENV_VAR", "LmdeployImplementation", "load_kernels", "metadata_of", "package_dir"]
+__all__ = ["CAPABILITIES", "PATH_ENV_VAR", "SERVES", "LmdeployImplementation", "load_kernels", "metadata_of",
+           "package_dir"]

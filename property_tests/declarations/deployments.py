@@ -144,6 +144,8 @@ _V_PER_HEAD = "vllm/model_executor/layers/attention/attention.py:294"
 _S_PAGE = "sglang/srt/arg_groups/overrides.py:1362"  # SGLang's default page size, 1
 _SFP8 = "sglang/srt/model_executor/model_runner_components/load_model_utils.py:123"
 _S_TRTLLM = "sglang/srt/arg_groups/model_overrides/deepseek_v2.py:185"
+_L64 = "lmdeploy/messages.py:557"                    # LMDeploy's default block size, 64
+_LFP8 = "lmdeploy/messages.py:25"                    # quant_policy 16 (FP8): an e4m3 cache, scales fixed at 1.0
 
 
 def _d(name: str, preset: str, tp: int, heads: int, kv_heads: int, cache: str, block_size: int, layout: str,
@@ -236,4 +238,14 @@ DEPLOYMENTS = (
     _d("glm-4-9b-tp2-bf16-sglang-decode", "glm-4-9b", 2, 16, 1, "bf16", 1, "sglang-mha", "decode", 8, _MHA,
        "heads sliced to the rotary width ([T, H, 64] of a 128 head), one KV head", _S_PAGE,
        "sglang/srt/layers/rotary_embedding/base.py:466"),
+    # LMDeploy's PyTorch engine: per-layer views into one packed byte pool, block 0 reserved for padding
+    _d("deepseek-v3-tp8-bf16-lmdeploy-decode", "deepseek-v3", 8, 16, 0, "auto", 64, "lmdeploy-mla", "decode", 8,
+       ("concat_and_cache_mla",), "[T, 1, L + R] key_states whole, the value cache a view of the key cache, "
+       "64-slot blocks of a layer's pool chunk (FlashMLA's and Triton's path alike)", _L64,
+       "lmdeploy/messages.py:573"),
+    _d("llama-3.1-8b-tp1-bf16-lmdeploy-prefill", "llama-3.1-8b", 1, 32, 8, "bf16", 64, "lmdeploy-flash", "prefill",
+       40, _MHA, "head views of qkv rotated in place, K then V packed in each block of a layer's pool chunk", _L64),
+    _d("llama-3.1-8b-tp1-fp8-lmdeploy-decode", "llama-3.1-8b", 1, 32, 8, "fp8-unit", 16, "lmdeploy-flash", "decode",
+       8, _MHA, "LMDeploy's smallest block (16), an fp8 cache at scale 1, K|V packed per block",
+       "lmdeploy/messages.py:623", _LFP8),
 )

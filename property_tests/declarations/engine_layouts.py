@@ -31,60 +31,20 @@ strides vLLM's CUDA ``reshape_and_cache_flash`` accepts beyond the views its cal
 ``halves`` form gives a key_cache head stride of 2D). FlashInfer's ``mla_rope_quantize_fp8``
 (SGLang's fused fp8 MLA path) rotates and quantizes into new tensors and writes no cache.
 
-Imports only ``declarations.layout_types`` (its types).
+Imports only ``declarations.layout_types`` (its types), ``declarations.engine_views`` (the views engines
+make, as ``View`` builders) and ``declarations.lmdeploy_layouts`` (LMDeploy's layouts, built the same way).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from .engine_views import QKV_COLUMNS, mla_view, plain_view, qkv_view
 from .layout_types import KV_FORMS, SCALE_KINDS, CacheForm, Call, EngineLayout, View, placement_of, size_of
+from .lmdeploy_layouts import LMDEPLOY
 
 __all__ = ["LAYOUTS", "KV_FORMS", "SCALE_KINDS", "CacheForm", "Call", "EngineLayout", "View",
            "placement_of", "size_of"]
-
-# ---------------------------------------------------------------- the views engines make
-
-_QKV_A = ("fused_qkv_a_proj output [T, q_lora_rank + L + R] (kv_a_proj_with_mqa output [T, L + R] when "
-          "q_lora_rank is 0)")
-_QKV_A_WIDTH = "q_lora_rank + latent + rotary_dim"
-_QKV = "qkv: qkv_proj output [T, (H + 2 Hkv) D], split by columns"
-_QKV_WIDTH = "(heads + 2 * kv_heads) * head_size"
-# MLA: the placement of each kind of tensor (shape, parent, parent shape, start).
-_MLA_PLACEMENTS = {
-    "q_pe": (("tokens", "heads", "rotary_dim"), "q: q_b_proj (or q_proj) output as [T, H, nope + R]",
-             ("tokens", "heads", "nope + rotary_dim"), ("0", "0", "nope")),
-    "k_pe": (("tokens", "rotary_dim"), _QKV_A, ("tokens", _QKV_A_WIDTH), ("0", "q_lora_rank + latent")),
-    "k_pe_head": (("tokens", "1", "rotary_dim"), _QKV_A, ("tokens", "1", _QKV_A_WIDTH),
-                  ("0", "0", "q_lora_rank + latent")),
-    "kv_c": (("tokens", "latent"), "kv_a_layernorm output (contiguous)", ("tokens", "latent"), ("0", "0")),
-    "kv_c_head": (("tokens", "1", "latent"), "kv_a_layernorm output, unsqueeze(1) (contiguous)",
-                  ("tokens", "1", "latent"), ("0", "0", "0")),
-}
-# MHA: rank 2 column views [T, n*D] and rank 3 head views [T, n, D] of the qkv projection.
-_QKV_COLUMNS = {"query": ("heads", "0"), "key": ("kv_heads", "heads"), "value": ("kv_heads", "heads + kv_heads")}
-
-
-def _mla(argument: str, kind: str, operations: tuple[str, ...], source: str) -> View:
-    shape, parent, parent_shape, start = _MLA_PLACEMENTS[kind]
-    return View(argument, operations, shape, parent, parent_shape, start, source)
-
-
-def _qkv(argument: str, operations: tuple[str, ...], rank: int, source: str, width: str = "head_size") -> View:
-    """``argument``'s columns of the qkv projection, as ``[T, n * D]`` (rank 2) or ``[T, n, width]``
-    (rank 3; ``width`` < D when the engine slices each head to the rotary width)."""
-    heads, first = _QKV_COLUMNS[argument]
-    if rank == 2:
-        return View(argument, operations, ("tokens", f"{heads} * head_size"), _QKV, ("tokens", _QKV_WIDTH),
-                    ("0", f"({first}) * head_size"), source)
-    return View(argument, operations, ("tokens", heads, width), _QKV, ("tokens", "heads + 2 * kv_heads", "head_size"),
-                ("0", first, "0"), source)
-
-
-def _plain(argument: str, operations: tuple[str, ...], shape: tuple[str, ...], source: str) -> View:
-    """A tensor a library takes as the caller made it: its own parent (the library fixes no placement)."""
-    return View(argument, operations, shape, "the caller's tensor", shape, ("0",) * len(shape), source)
-
 
 # ---------------------------------------------------------------- vLLM 0.33.0
 
@@ -100,10 +60,10 @@ _VLLM_HALVES = ("one pool per KV-cache group: logical [layers, NB, Hkv, B, 2D], 
                 "key_cache, value_cache = kv_cache.transpose(1, 2).split(D, dim=-1)")
 _VLLM_QKV = "vllm/model_executor/models/llama.py:230"
 _VLLM_MHA_VIEWS = (
-    _qkv("query", ("rotary_embedding",), 2, _VLLM_QKV),
-    _qkv("key", ("rotary_embedding",), 2, _VLLM_QKV),
-    _qkv("key", ("reshape_and_cache_flash",), 3, "vllm/model_executor/layers/attention/attention.py:541"),
-    _qkv("value", ("reshape_and_cache_flash",), 3, "vllm/model_executor/layers/attention/attention.py:543"),
+    qkv_view("query", ("rotary_embedding",), 2, _VLLM_QKV),
+    qkv_view("key", ("rotary_embedding",), 2, _VLLM_QKV),
+    qkv_view("key", ("reshape_and_cache_flash",), 3, "vllm/model_executor/layers/attention/attention.py:541"),
+    qkv_view("value", ("reshape_and_cache_flash",), 3, "vllm/model_executor/layers/attention/attention.py:543"),
 )
 _VLLM_ROPE = Call("rotary_embedding", "vllm._custom_ops.rotary_embedding (RotaryEmbedding.forward_cuda)",
                   "vllm/model_executor/layers/rotary_embedding/base.py:244")
@@ -122,11 +82,11 @@ _VLLM = (
                     "vllm/v1/attention/backend.py:1122"),
                Call("concat_and_cache_mla_rope_fused", "vllm._custom_ops.concat_and_cache_mla_rope_fused",
                     "vllm/compilation/passes/fusion/mla_rope_kvcache_cat_fusion.py:43")),
-        views=(_mla("query", "q_pe", ("rotary_embedding",), f"{_VLLM_MLA}:228"),
-               _mla("key", "k_pe_head", ("rotary_embedding",), f"{_VLLM_MLA}:219"),
-               _mla("q_pe", "q_pe", ("concat_and_cache_mla_rope_fused",), f"{_VLLM_MLA}:228"),
-               _mla("k_pe", "k_pe", _MLA_CACHE_OPS, f"{_VLLM_MLA}:203"),
-               _mla("kv_c", "kv_c", _MLA_CACHE_OPS, f"{_VLLM_MLA}:217")),
+        views=(mla_view("query", "q_pe", ("rotary_embedding",), f"{_VLLM_MLA}:228"),
+               mla_view("key", "k_pe_head", ("rotary_embedding",), f"{_VLLM_MLA}:219"),
+               mla_view("q_pe", "q_pe", ("concat_and_cache_mla_rope_fused",), f"{_VLLM_MLA}:228"),
+               mla_view("k_pe", "k_pe", _MLA_CACHE_OPS, f"{_VLLM_MLA}:203"),
+               mla_view("kv_c", "kv_c", _MLA_CACHE_OPS, f"{_VLLM_MLA}:217")),
         cache=CacheForm("chunked", "", False, "one pool per KV-cache group: logical [layers, NB, 1, B, L + R], "
                         "stored LBNHC (layer-outer, the default preference); a layer's view squeezed to "
                         "[NB, B, L + R]", "vllm/v1/core/kv_cache_planning.py:721"),
@@ -187,8 +147,8 @@ _VLLM = (
         calls=(Call("rope_and_reshape_and_cache_flash", "AttentionImpl.do_rope_and_kv_cache_update (in "
                     "torch.ops.vllm.fused_rope_and_unified_kv_cache_update)",
                     "vllm/compilation/passes/fusion/rope_kvcache_fusion.py:64"),),
-        views=tuple(_qkv(argument, ("rope_and_reshape_and_cache_flash",), 3,
-                         "vllm/compilation/passes/fusion/rope_kvcache_fusion.py:337") for argument in _QKV_COLUMNS),
+        views=tuple(qkv_view(argument, ("rope_and_reshape_and_cache_flash",), 3,
+                         "vllm/compilation/passes/fusion/rope_kvcache_fusion.py:337") for argument in QKV_COLUMNS),
         cache=CacheForm("chunked", "halves", False,
                         _VLLM_HALVES.format(order="LBNHC (NHD) by default; ROCm backends also declare LBHNC "
                                                   "and LHBNC (HND)"),
@@ -227,10 +187,10 @@ _SGLANG = (
         "sglang-mla", "sglang", "mla",
         calls=(_SGL_ROPE_CALL, Call("concat_and_cache_mla", "MLATokenToKVPool.set_mla_kv_buffer",
                                     "sglang/srt/layers/attention/flashattention_backend.py:2116")),
-        views=(_mla("query", "q_pe", ("rotary_embedding",), f"{_SGL_MLA}:201"),
-               _mla("key", "k_pe_head", ("rotary_embedding",), f"{_SGL_MLA}:202"),
-               _mla("k_pe", "k_pe_head", ("concat_and_cache_mla",), f"{_SGL_MLA}:202"),
-               _mla("kv_c", "kv_c_head", ("concat_and_cache_mla",), f"{_SGL_MLA}:400")),
+        views=(mla_view("query", "q_pe", ("rotary_embedding",), f"{_SGL_MLA}:201"),
+               mla_view("key", "k_pe_head", ("rotary_embedding",), f"{_SGL_MLA}:202"),
+               mla_view("k_pe", "k_pe_head", ("concat_and_cache_mla",), f"{_SGL_MLA}:202"),
+               mla_view("kv_c", "kv_c_head", ("concat_and_cache_mla",), f"{_SGL_MLA}:400")),
         cache=_SGL_MLA_CACHE, **_SGL_INDEX, block_default=1, block_sizes=(), block_multiple=1,
         scales=("unit",), fp8_scale=_SGL_MLA_FP8,
         sources=(*_SGL_INDEX_SOURCES, f"{_SGL_POOL}:5016", f"{_SGL_MLA}:345", f"{_SGL_MLA}:363",
@@ -244,10 +204,10 @@ _SGLANG = (
                     "sglang.kernels.ops.attention.utils.mla_quantize_and_rope_for_fp8 "
                     "(FlashInfer's mla_rope_quantize_fp8), then set_mla_kv_buffer",
                     "sglang/srt/layers/attention/trtllm_mla_backend.py:1266"),),
-        views=(_mla("q_pe", "q_pe", ("concat_and_cache_mla_rope_fused",), f"{_SGL_MLA}:201"),
-               _mla("k_pe", "k_pe", ("concat_and_cache_mla_rope_fused",),
+        views=(mla_view("q_pe", "q_pe", ("concat_and_cache_mla_rope_fused",), f"{_SGL_MLA}:201"),
+               mla_view("k_pe", "k_pe", ("concat_and_cache_mla_rope_fused",),
                     "sglang/srt/layers/attention/trtllm_mla_backend.py:1270"),
-               _mla("kv_c", "kv_c", ("concat_and_cache_mla_rope_fused",),
+               mla_view("kv_c", "kv_c", ("concat_and_cache_mla_rope_fused",),
                     "sglang/srt/layers/attention/trtllm_mla_backend.py:1269")),
         cache=_SGL_MLA_CACHE, **_SGL_INDEX, block_default=64, block_sizes=(32, 64), block_multiple=0,
         scales=("unit",), fp8_scale="quant_scale_kv=1.0 (fp8 caches only)",
@@ -261,10 +221,10 @@ _SGLANG = (
         "sglang-mha", "sglang", "mha",
         calls=(_SGL_ROPE_CALL, Call("reshape_and_cache_flash", "MHATokenToKVPool.set_kv_buffer",
                                     "sglang/srt/layers/attention/flashattention_backend.py:2103")),
-        views=(_qkv("query", ("rotary_embedding",), 3, f"{_SGL_ROPE}:463", width="rotary_dim"),
-               _qkv("key", ("rotary_embedding",), 3, f"{_SGL_ROPE}:464", width="rotary_dim"),
-               _qkv("key", ("reshape_and_cache_flash",), 3, "sglang/srt/layers/radix_attention.py:126"),
-               _qkv("value", ("reshape_and_cache_flash",), 3, "sglang/srt/layers/radix_attention.py:132")),
+        views=(qkv_view("query", ("rotary_embedding",), 3, f"{_SGL_ROPE}:463", width="rotary_dim"),
+               qkv_view("key", ("rotary_embedding",), 3, f"{_SGL_ROPE}:464", width="rotary_dim"),
+               qkv_view("key", ("reshape_and_cache_flash",), 3, "sglang/srt/layers/radix_attention.py:126"),
+               qkv_view("value", ("reshape_and_cache_flash",), 3, "sglang/srt/layers/radix_attention.py:132")),
         cache=_SGL_MHA_CACHE, **_SGL_INDEX, block_default=1, block_sizes=(), block_multiple=1,
         scales=("unit", "tensor"),
         fp8_scale="k_scale, v_scale python floats: cache_k.div_(k_scale) on the caller's k, in place, then a "
@@ -279,9 +239,9 @@ _SGLANG = (
         "sglang-rope-cache", "sglang", "mha",
         calls=(Call("rope_and_reshape_and_cache_flash", "apply_rope_with_cos_sin_cache_inplace(fused_args="
                     "FusedSetKVBufferArg)", f"{_SGL_ROPE}:468"),),
-        views=(_qkv("query", ("rope_and_reshape_and_cache_flash",), 3, f"{_SGL_ROPE}:463"),
-               _qkv("key", ("rope_and_reshape_and_cache_flash",), 3, f"{_SGL_ROPE}:464"),
-               _qkv("value", ("rope_and_reshape_and_cache_flash",), 3, "sglang/kernels/ops/attention/rope.py:207")),
+        views=(qkv_view("query", ("rope_and_reshape_and_cache_flash",), 3, f"{_SGL_ROPE}:463"),
+               qkv_view("key", ("rope_and_reshape_and_cache_flash",), 3, f"{_SGL_ROPE}:464"),
+               qkv_view("value", ("rope_and_reshape_and_cache_flash",), 3, "sglang/kernels/ops/attention/rope.py:207")),
         cache=dataclasses.replace(_SGL_MHA_CACHE, source="sglang/srt/models/utils.py:322"),
         **_SGL_INDEX, block_default=1, block_sizes=(), block_multiple=1,
         scales=(), fp8_scale="not taken: bfloat16 caches only, and no k_scale/v_scale",
@@ -308,12 +268,13 @@ _FI_NOTES = ("No slot_mapping: tokens are placed by batch_indices and positions 
 _FI_FUSED_MHA = Call("rope_and_reshape_and_cache_flash", "flashinfer.rope.rope_quantize_fp8_append_paged_kv_cache",
                      f"{_FI_ROPE}:1567")
 _FI_MHA_VIEWS = (
-    _plain("query", ("rotary_embedding",), ("tokens", "heads * head_size"), f"{_FI_ROPE}:1234"),
-    _plain("key", ("rotary_embedding",), ("tokens", "kv_heads * head_size"), f"{_FI_ROPE}:1234"),
-    _plain("query", ("rope_and_reshape_and_cache_flash",), ("tokens", "heads", "rotary_dim"), f"{_FI_ROPE}:1567"),
-    _plain("key", ("reshape_and_cache_flash", "rope_and_reshape_and_cache_flash"), ("tokens", "kv_heads", "head_size"),
+    plain_view("query", ("rotary_embedding",), ("tokens", "heads * head_size"), f"{_FI_ROPE}:1234"),
+    plain_view("key", ("rotary_embedding",), ("tokens", "kv_heads * head_size"), f"{_FI_ROPE}:1234"),
+    plain_view("query", ("rope_and_reshape_and_cache_flash",), ("tokens", "heads", "rotary_dim"), f"{_FI_ROPE}:1567"),
+    plain_view("key", ("reshape_and_cache_flash", "rope_and_reshape_and_cache_flash"),
+               ("tokens", "kv_heads", "head_size"),
            f"{_FI_PAGE}:580"),
-    _plain("value", ("reshape_and_cache_flash", "rope_and_reshape_and_cache_flash"),
+    plain_view("value", ("reshape_and_cache_flash", "rope_and_reshape_and_cache_flash"),
            ("tokens", "kv_heads", "value_head_size"), f"{_FI_PAGE}:580"),
 )
 
@@ -341,9 +302,9 @@ _FLASHINFER = (
         calls=(Call("concat_and_cache_mla", "flashinfer.page.append_paged_mla_kv_cache", f"{_FI_PAGE}:411"),
                Call("concat_and_cache_mla_rope_fused", "flashinfer.rope.rope_quantize_fp8_append_paged_kv_cache",
                     f"{_FI_ROPE}:1567")),
-        views=(_plain("kv_c", _MLA_CACHE_OPS, ("tokens", "latent"), f"{_FI_PAGE}:411"),
-               _plain("k_pe", _MLA_CACHE_OPS, ("tokens", "rotary_dim"), f"{_FI_PAGE}:411"),
-               _plain("q_pe", ("concat_and_cache_mla_rope_fused",), ("tokens", "heads", "rotary_dim"),
+        views=(plain_view("kv_c", _MLA_CACHE_OPS, ("tokens", "latent"), f"{_FI_PAGE}:411"),
+               plain_view("k_pe", _MLA_CACHE_OPS, ("tokens", "rotary_dim"), f"{_FI_PAGE}:411"),
+               plain_view("q_pe", ("concat_and_cache_mla_rope_fused",), ("tokens", "heads", "rotary_dim"),
                       f"{_FI_ROPE}:1567")),
         cache=CacheForm("separate", "", False, "ckv_cache [NB, B, L] and kpe_cache [NB, B, R], two tensors: the "
                         "contract's [NB, B, L + R] cache passed as cache[..., :L] and cache[..., L:]",
@@ -353,4 +314,4 @@ _FLASHINFER = (
               f"({_FI_ROPE}:1292) rotates and quantizes into new tensors and writes no cache."),
 )
 
-LAYOUTS: dict[str, EngineLayout] = {layout.name: layout for layout in (*_VLLM, *_SGLANG, *_FLASHINFER)}
+LAYOUTS: dict[str, EngineLayout] = {layout.name: layout for layout in (*_VLLM, *_SGLANG, *_FLASHINFER, *LMDEPLOY)}

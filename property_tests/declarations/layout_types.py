@@ -24,7 +24,7 @@ KV_FORMS = {
 }
 # How an fp8 cache's scale is given: 1.0, one value (non-unit), one value per KV head (each different).
 SCALE_KINDS = ("unit", "tensor", "per_head")
-ENGINES = {"vllm": "0.33.0", "sglang": "0.5.23", "flashinfer": "0.7.2"}
+ENGINES = {"vllm": "0.33.0", "sglang": "0.5.23", "flashinfer": "0.7.2", "lmdeploy": "0.18.0"}
 
 
 @dataclasses.dataclass(frozen=True)
