@@ -26,12 +26,11 @@ from mla_fuse_conformance.cases.engine_caches import CacheLayout, MhaCacheSpec, 
 from mla_fuse_conformance.declarations.engine_layouts import LAYOUTS
 from mla_fuse_conformance.judging.comparisons import rope_bound, rotation_terms
 from mla_fuse_reference import ops as ref
-from third_party_helpers import DEVICE, adapter_loader, randn, rope_table
+from third_party_helpers import DEVICE, adapter_loader, bits, randn, rope_table, sentinel_filled
 
 PATH_ENV_VAR, WHEEL_ENV_VAR = "MLA_FUSE_LMDEPLOY_PATH", "MLA_FUSE_LMDEPLOY_WHEEL"
 FILL_FILE = "pytorch/kernels/cuda/fill_kv_cache.py"
 ROPE_FILE = "pytorch/kernels/cuda/apply_rotary_pos_emb.py"
-SENTINEL = 0x5A
 
 
 @pytest.fixture(scope="module")
@@ -50,16 +49,6 @@ def lmdeploy(lmdeploy_root, monkeypatch):
     return adapter_loader(LmdeployImplementation, lmdeploy_root, PATH_ENV_VAR, monkeypatch, "sources")
 
 
-def _bits(tensor):
-    return tensor.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[tensor.element_size()])
-
-
-def _sentinel(shape, dtype):
-    if dtype.itemsize == 1:  # uint8 or float8: sentinel bytes
-        return torch.full(shape, SENTINEL, dtype=torch.uint8, device=DEVICE).view(dtype)
-    return torch.full(shape, 7.0, dtype=dtype, device=DEVICE)
-
-
 def _no_padding(slots):
     """LMDeploy's padded slot 0 as the contract's -1: what the reference is to write."""
     return torch.where(slots == 0, -1, slots)
@@ -67,7 +56,7 @@ def _no_padding(slots):
 
 def _entries(cache):
     """``[NB, B, ...]`` as ``[NB * B, ...]`` bits, slot 0 (padding, not judged) dropped."""
-    return _bits(cache).reshape(-1, *cache.shape[2:])[1:]
+    return bits(cache).reshape(-1, *cache.shape[2:])[1:]
 
 
 # ---------------------------------------------------------------- loading and the mapping
@@ -133,7 +122,7 @@ def test_a_contract_mla_cache_is_lmdeploys_shared_kv_cache(lmdeploy):
 def test_concat_and_cache_mla_fixed_cases(lmdeploy, kv_cache_dtype, dtype, cache_dtype, scale, slots):
     """Bit for bit the reference (fp8: its exact codes), every slot but the padded slot 0."""
     kv_c, k_pe = randn(len(slots), 24, dtype=dtype, seed=3), randn(len(slots), 8, dtype=dtype, seed=4)
-    cache = _sentinel((6, 16, 32), cache_dtype)
+    cache = sentinel_filled((6, 16, 32), cache_dtype)
     slots, scale = torch.tensor(slots, device=DEVICE), torch.tensor([scale], device=DEVICE)
     want = ref.concat_and_cache_mla(kv_c, k_pe, cache.clone(), _no_padding(slots), kv_cache_dtype, scale)
     lmdeploy().concat_and_cache_mla(kv_c, k_pe, cache, slots, kv_cache_dtype, scale)
@@ -147,8 +136,8 @@ def test_reshape_and_cache_flash_fixed_cases(lmdeploy, kv_cache_dtype, cache_dty
     """K and V (Dv != D) at their slots bit for bit, an HND view of the caches included (strides passed)."""
     slots = torch.tensor([19, 20, 0, 3], device=DEVICE)
     key, value = randn(4, 2, 16, dtype=torch.float16, seed=5), randn(4, 2, 8, dtype=torch.float16, seed=6)
-    key_cache = _sentinel((4, 2, 16, 16), cache_dtype).transpose(1, 2)  # [NB, B, Hkv, D] viewed from HND
-    value_cache = _sentinel((4, 16, 2, 8), cache_dtype)
+    key_cache = sentinel_filled((4, 2, 16, 16), cache_dtype).transpose(1, 2)  # [NB, B, Hkv, D] viewed from HND
+    value_cache = sentinel_filled((4, 16, 2, 8), cache_dtype)
     k_scale, v_scale = (torch.tensor([s], device=DEVICE) for s in scales)
     want_k, want_v = ref.reshape_and_cache_flash(key, value, key_cache.clone(), value_cache.clone(),
                                                  _no_padding(slots), kv_cache_dtype, k_scale, v_scale)
@@ -158,20 +147,20 @@ def test_reshape_and_cache_flash_fixed_cases(lmdeploy, kv_cache_dtype, cache_dty
 
 def test_per_head_scales_are_refused_before_any_write(lmdeploy):
     """LMDeploy's fp8 scales are one value per layer (nn/attention.py:78-79): ``[Hkv]`` scales are refused."""
-    caches = [_sentinel((2, 16, 2, 8), torch.float8_e4m3fn) for _ in range(2)]
-    before = [_bits(c).clone() for c in caches]
+    caches = [sentinel_filled((2, 16, 2, 8), torch.float8_e4m3fn) for _ in range(2)]
+    before = [bits(c).clone() for c in caches]
     with pytest.raises(NotImplementedError, match="one k_scale"):
         lmdeploy().reshape_and_cache_flash(randn(1, 2, 8, dtype=torch.float16, seed=7),
                                            randn(1, 2, 8, dtype=torch.float16, seed=8), *caches,
                                            torch.tensor([3], device=DEVICE), "fp8", torch.ones(2, device=DEVICE),
                                            torch.ones(2, device=DEVICE))
-    assert all(torch.equal(_bits(c), b) for c, b in zip(caches, before))
+    assert all(torch.equal(bits(c), b) for c, b in zip(caches, before))
 
 
 def test_no_token_to_write_is_a_batch_of_no_sequence(lmdeploy):
     """No token, or an empty ``slot_mapping`` for two tokens: a batch of no sequence, a launch of no program; the
     cache untouched. The rope runs an empty batch too (a launch of no program)."""
-    cache = _sentinel((2, 16, 12), torch.bfloat16)
+    cache = sentinel_filled((2, 16, 12), torch.bfloat16)
     no_slots = torch.empty(0, dtype=torch.int64, device=DEVICE)
     for tokens in (0, 2):
         kv_c, k_pe = (randn(tokens, width, dtype=torch.bfloat16, seed=13) for width in (8, 4))
@@ -241,8 +230,8 @@ def test_a_planted_bug_in_each_kernel_is_caught(lmdeploy, bug):
         assert not all(_rope(impl, torch.float32, 16, 16, True, 1))
         return
     kv_c, k_pe = randn(3, 24, dtype=torch.bfloat16, seed=11), randn(3, 8, dtype=torch.bfloat16, seed=12)
-    cache, dtype_name = (_sentinel((4, 16, 32), torch.uint8), "fp8") if bug == "fp8" else (
-        _sentinel((4, 16, 32), torch.bfloat16), "auto")
+    cache, dtype_name = (sentinel_filled((4, 16, 32), torch.uint8), "fp8") if bug == "fp8" else (
+        sentinel_filled((4, 16, 32), torch.bfloat16), "auto")
     slots, scale = torch.tensor([17, 18, 40], device=DEVICE), torch.tensor([0.5], device=DEVICE)
     want = ref.concat_and_cache_mla(kv_c, k_pe, cache.clone(), slots, dtype_name, scale)
     impl.concat_and_cache_mla(kv_c, k_pe, cache, slots, dtype_name, scale)

@@ -138,7 +138,7 @@ def test_an_unknown_name_suggests_the_closest_and_counts_the_mutants():
     message = _message("triton-fast")
     mutants = [name for name in registered_names() if name.startswith("mutant:")]
     assert message.startswith("--impl=triton-fast: not a registered name; did you mean triton-cpu-fast"), message
-    assert "? Registered: flaggems, flash-attn-rotary, flashinfer, liger, reference," in message, message
+    assert "? Registered: flaggems, flash-attn-rotary, flashinfer, liger, lmdeploy, reference," in message, message
     assert f"mutant:NAME ({len(mutants)} deliberately buggy implementations)" in message
     assert not any(name in message for name in mutants) and len(message) < 400, message
     assert _message("zzzz").startswith("--impl=zzzz: not a registered name. Registered: flaggems, flash-attn-rotary, "

@@ -134,7 +134,8 @@ def test_the_map_tells_its_round_and_the_cell_it_is_drawing_as_it_goes(tmp_path,
     assert steps[:3] == ["round 1/2, searching", "round 1/2, cell 1: wrong result, finding its feature values",
                          "round 1/2, cell 1: query rank 3, heads >1, finding its trigger"], steps
     assert steps[3].startswith("round 1/2, cell 1: ") and steps[3].endswith(", measuring its failure rate"), steps
-    assert steps[4:] == [f"round 1/2, cell 1: {title} (fails {rate})", "round 2/2, searching"], steps
+    assert steps[4:] == [f"round 1/2, cell 1: {title} (fails {rate})",
+                         f"round 1/2, cell 1: {title}, running it at each value it admits", "round 2/2, searching"], steps
     assert written[-1].strip() == counted.line(step=True) and counted.line().endswith(
         f"{counted.tried} cases tried, {counted.failing} failing, {progress.elapsed(clock.now - 100)}")
 

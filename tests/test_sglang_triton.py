@@ -17,12 +17,11 @@ import torch
 
 from mla_fuse.kernels import INTERPRETED
 from mla_fuse_reference import ops as ref
+from third_party_helpers import DEVICE, bits, randn, sentinel_filled
 
 PATH_ENV_VAR, WHEEL_ENV_VAR = "MLA_FUSE_SGLANG_PATH", "MLA_FUSE_SGLANG_WHEEL"
 MLA_FILE = "kernels/ops/kvcache/mla_buffer.py"
 FUSED_FILE = "kernels/ops/attention/fused_qk_rope_reshape_and_cache.py"
-DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRETED else "cpu"
-SENTINEL = 0x5A
 
 
 @pytest.fixture(scope="module")
@@ -39,21 +38,6 @@ def sglang(sglang_root, monkeypatch):
     from mla_fuse_conformance.adapters.sglang_triton import SglangTritonImplementation
 
     return SglangTritonImplementation
-
-
-def _randn(*shape, dtype, seed, scale=4.0):
-    generator = torch.Generator().manual_seed(seed)
-    return (torch.randn(*shape, generator=generator) * scale).to(dtype).to(DEVICE)
-
-
-def _bits(tensor):
-    return tensor.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[tensor.element_size()])
-
-
-def _sentinel_cache(shape, dtype):
-    if dtype.itemsize == 1:  # uint8 or float8: sentinel bytes
-        return torch.full(shape, SENTINEL, dtype=torch.uint8, device=DEVICE).view(dtype)
-    return torch.full(shape, 7.0, dtype=dtype, device=DEVICE)
 
 
 def _within_bound(got, want, inputs):
@@ -84,14 +68,14 @@ def test_loading_imports_nothing_of_sglang_and_changes_no_setting(sglang):
 
 def _mla(impl, kv_cache_dtype, dtype, cache_dtype, latent, rotary_dim, slots, blocks=5, block_size=2):
     tokens = len(slots)
-    kv_c, k_pe = _randn(tokens, latent, dtype=dtype, seed=1), _randn(tokens, rotary_dim, dtype=dtype, seed=2)
+    kv_c, k_pe = randn(tokens, latent, dtype=dtype, seed=1), randn(tokens, rotary_dim, dtype=dtype, seed=2)
     shape = (blocks, block_size, latent + rotary_dim)
-    cache = _sentinel_cache(shape, cache_dtype)
+    cache = sentinel_filled(shape, cache_dtype)
     slots = torch.tensor(slots, dtype=torch.int64, device=DEVICE)
     one = torch.ones(1, dtype=torch.float32, device=DEVICE)
     expected = ref.concat_and_cache_mla(kv_c, k_pe, cache.clone(), _no_padding(slots), kv_cache_dtype, one)
     impl.concat_and_cache_mla(kv_c, k_pe, cache, slots, kv_cache_dtype, one)
-    return _bits(cache), _bits(expected)
+    return bits(cache), bits(expected)
 
 
 @pytest.mark.parametrize("kv_cache_dtype, dtype, cache_dtype, latent, rotary_dim", [
@@ -112,7 +96,7 @@ def test_a_contract_cache_is_sglangs_token_rows(sglang):
     """The mapping by hand: slot s of ``[NB, B, L + R]`` is row s of SGLang's ``[NB * B, 1, L + R]`` pool, the
     entry ``[kv_c | k_pe]``; a cache with no token-row view is refused before anything is written."""
     impl = sglang()
-    kv_c, k_pe = _randn(2, 4, dtype=torch.float32, seed=3), _randn(2, 2, dtype=torch.float32, seed=4)
+    kv_c, k_pe = randn(2, 4, dtype=torch.float32, seed=3), randn(2, 2, dtype=torch.float32, seed=4)
     cache = torch.zeros(3, 2, 6, device=DEVICE)
     impl.concat_and_cache_mla(kv_c, k_pe, cache, torch.tensor([5, 2], device=DEVICE), "auto", torch.ones(1))
     assert torch.equal(cache[2, 1], torch.cat([kv_c[0], k_pe[0]])) and torch.equal(cache[1, 0],
@@ -134,13 +118,13 @@ def _table(positions, width, dtype=torch.float32):
 
 def _flash(impl, dtype, heads, kv_heads, head_size, is_neox, slots, kv_cache_dtype="auto", scale=1.0):
     tokens = len(slots)
-    query = _randn(tokens, heads, head_size, dtype=dtype, seed=5)
-    key, value = _randn(tokens, kv_heads, head_size, dtype=dtype, seed=6), _randn(tokens, kv_heads, head_size,
+    query = randn(tokens, heads, head_size, dtype=dtype, seed=5)
+    key, value = randn(tokens, kv_heads, head_size, dtype=dtype, seed=6), randn(tokens, kv_heads, head_size,
                                                                                     dtype=dtype, seed=7)
     positions = torch.tensor([7, 0, 31, 12, 5][:tokens], device=DEVICE)
     table = _table(32, head_size)
     cache_dtype = torch.uint8 if kv_cache_dtype.startswith("fp8") else dtype
-    caches = [_sentinel_cache((5, 2, kv_heads, head_size), cache_dtype) for _ in range(2)]
+    caches = [sentinel_filled((5, 2, kv_heads, head_size), cache_dtype) for _ in range(2)]
     slots = torch.tensor(slots, device=DEVICE)
     scales = [torch.tensor([scale], device=DEVICE) for _ in range(2)]
     inputs = [query.clone(), key.clone()]
@@ -162,10 +146,10 @@ def test_fused_flash_fixed_cases(sglang, dtype, heads, kv_heads, head_size, is_n
     assert _within_bound(q, wq, q0) and _within_bound(k, wk, k0)
     written = torch.tensor([4, 9, 2])
     flat = lambda c: c.view(10, kv_heads, head_size)  # noqa: E731
-    assert torch.equal(_bits(flat(vc)[written]), _bits(flat(wvc)[written]))
-    assert torch.equal(_bits(flat(kc)[written]), _bits(k[[0, 2, 3]]))  # the cache holds what was written back
+    assert torch.equal(bits(flat(vc)[written]), bits(flat(wvc)[written]))
+    assert torch.equal(bits(flat(kc)[written]), bits(k[[0, 2, 3]]))  # the cache holds what was written back
     unused = torch.tensor([1, 3, 5, 6, 7, 8])
-    assert torch.equal(_bits(flat(kc)[unused]), _bits(flat(wkc)[unused]))
+    assert torch.equal(bits(flat(kc)[unused]), bits(flat(wkc)[unused]))
 
 
 def test_fused_flash_fp8_codes_within_one(sglang):
@@ -186,7 +170,7 @@ def test_fused_flash_reads_past_a_short_slot_mapping(sglang):
     impl = sglang()
     storage = torch.tensor([1, 2, 7], device=DEVICE)  # the third entry lies past the view
     slots = storage[:2]
-    query, key, value = (_randn(3, 1, 8, dtype=torch.float32, seed=s) for s in (8, 9, 10))
+    query, key, value = (randn(3, 1, 8, dtype=torch.float32, seed=s) for s in (8, 9, 10))
     caches = [torch.zeros(4, 2, 1, 8, device=DEVICE) for _ in range(2)]
     impl.rope_and_reshape_and_cache_flash(torch.tensor([1, 2, 3], device=DEVICE), query, key, value, *caches, slots,
                                           _table(8, 8), True, "auto", torch.ones(1), torch.ones(1))
@@ -199,7 +183,7 @@ def test_a_strided_slot_mapping_is_read_as_contiguous(sglang):
     fused_qk_rope_reshape_and_cache.py:329), so a stride-2 view ``[5, 3]`` of ``[5, 6, 3, 7]`` writes token 1
     at slot 6."""
     impl = sglang()
-    kv_c, k_pe = _randn(2, 4, dtype=torch.float32, seed=11), _randn(2, 2, dtype=torch.float32, seed=12)
+    kv_c, k_pe = randn(2, 4, dtype=torch.float32, seed=11), randn(2, 2, dtype=torch.float32, seed=12)
     cache = torch.zeros(4, 2, 6, device=DEVICE)
     slots = torch.tensor([5, 6, 3, 7], device=DEVICE)[::2]
     impl.concat_and_cache_mla(kv_c, k_pe, cache, slots, "auto", torch.ones(1))

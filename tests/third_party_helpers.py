@@ -1,5 +1,6 @@
-"""What the tests of third-party adapters share (tests/test_flaggems.py, test_liger.py, test_flash_attn_rotary.py):
-a loader of an adapter pointed at the project's files, a rope table and seeded inputs."""
+"""What the tests of third-party adapters share (tests/test_flaggems.py, test_liger.py, test_flash_attn_rotary.py,
+test_sglang_triton.py, test_lmdeploy.py): a loader of an adapter pointed at the project's files, a rope table,
+seeded inputs, caches filled with a sentinel and their bits."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch
 from mla_fuse.kernels import INTERPRETED
 
 DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRETED else "cpu"
+SENTINEL = 0x5A  # the byte an fp8 cache is filled with before a write (a float cache: 7.0)
 
 
 def adapter_loader(adapter_class, root: str | None, path_env_var: str, monkeypatch, source_argument: str = "source"):
@@ -35,3 +37,15 @@ def rope_table(rotary_dim: int, dtype, rows: int = 32) -> torch.Tensor:
 def randn(*shape, dtype, seed: int, scale: float = 4.0) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
     return (torch.randn(*shape, generator=generator) * scale).to(dtype).to(DEVICE)
+
+
+def bits(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``'s bits, as integers of its width (compared exactly, NaNs and signed zeros included)."""
+    return tensor.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[tensor.element_size()])
+
+
+def sentinel_filled(shape, dtype) -> torch.Tensor:
+    """A cache of ``shape`` before a write: ``SENTINEL`` bytes where ``dtype`` is one byte (uint8, float8), else 7.0."""
+    if dtype.itemsize == 1:
+        return torch.full(shape, SENTINEL, dtype=torch.uint8, device=DEVICE).view(dtype)
+    return torch.full(shape, 7.0, dtype=dtype, device=DEVICE)
