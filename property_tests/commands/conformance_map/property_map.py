@@ -319,9 +319,9 @@ def _join_split_cells(prop, impl, strategy, run_example: Callable, cells: list[C
                                (diagnosing.Diagnosis.from_dict(first.diagnosis), cases[earlier], first.features),
                                (diagnosing.Diagnosis.from_dict(second.diagnosis), cases[later], second.features))
             if one is not None:
-                joined = dataclasses.asdict(one)
+                joined, before = dataclasses.asdict(one), first.diagnosis  # cells joined before share ``before``
                 for cell in cells[:later + 1]:
-                    if cell.diagnosis is first.diagnosis or cell is second:
+                    if cell.diagnosis is before or cell is second:
                         cell.diagnosis = joined
                 break
 
