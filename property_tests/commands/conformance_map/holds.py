@@ -22,8 +22,8 @@ from typing import Callable
 from mla_fuse_conformance.cases.features import AXIS, features
 from mla_fuse_conformance.cases.types import FlashCase, MlaCase, RopeCase
 from mla_fuse_conformance.commands.conformance_map.admits import admitted
-from mla_fuse_conformance.commands.conformance_map.diagnosis import SEEDS, Diagnosis, _base, inside, measure, outcome
-from mla_fuse_conformance.commands.conformance_map.diagnosis import relations_of
+from mla_fuse_conformance.commands.conformance_map.diagnosis import (SEEDS, Diagnosis, _base, inside, measure, outcome,
+                                                                     relations_of)
 from mla_fuse_conformance.commands.conformance_map.necessity import LEVEL, fails_less_often
 
 EXCLUDED = "excluded"
@@ -43,7 +43,9 @@ def with_sign(case, sign: str):
 
 
 def passes_every_seed(prop, impl, run_example: Callable, case) -> bool:
-    """Whether ``case`` passes with its own seed and ``SEEDS - 1`` others (a value is excluded only then)."""
+    """Whether ``case`` (None: no case) passes with its own seed and ``SEEDS - 1`` others: a value is only
+    needed by a failure (``property_map.failing_cell``), or excluded from a cell, if the case moved to it
+    passes whatever the data (a NaN that happens to hide the one wrong element must not decide it)."""
     if case is None:
         return False
     for offset in range(SEEDS):

@@ -166,20 +166,6 @@ def search(prop, strategy, run_example: Callable, exclude: list[dict], max_examp
     return None, None, passed
 
 
-SEEDS_PER_VARIANT = 3
-
-
-def _passes_for_every_seed(prop, impl, run_example: Callable, case) -> bool:
-    """Whether ``case`` passes with its own seed and ``SEEDS_PER_VARIANT - 1`` others: a value is
-    only needed by a failure if moving away from it passes whatever the data (a NaN that happens
-    to hide the one wrong element must not make "no NaN" part of the cell)."""
-    for offset in range(SEEDS_PER_VARIANT):
-        reseeded = dataclasses.replace(case, seed=(case.seed + offset) % 2 ** 32)
-        if not prop.allows(impl, reseeded) or diagnosing.outcome(run_example, reseeded) is not False:
-            return False
-    return True
-
-
 def failing_cell(prop, impl, run_example: Callable, case) -> dict[str, str]:
     """The feature values of ``case`` its failure needs (see the module docstring, step 2)."""
     base = _base(case)
@@ -191,7 +177,7 @@ def failing_cell(prop, impl, run_example: Callable, case) -> dict[str, str]:
             continue
         for other in axis.values:
             moved = axis.set(base, other) if other != value else None
-            if moved is not None and _passes_for_every_seed(prop, impl, run_example, moved):
+            if holds.passes_every_seed(prop, impl, run_example, moved):
                 cell[axis.name] = value
                 break
     return cell
