@@ -98,9 +98,11 @@ RESERVED_SLOT = 0  # reserved_skip_index's default (mla_buffer.py:296, 405)
 # * memory_pool.py:4991 (``self.dtype == fp8_dtype``) sends E4M3 pools only to the fp8 kernel: not fp8_e5m2;
 # * set_mla_kv_buffer_triton_fp8_quant (mla_buffer.py:398-405) has no scale argument: scale 1 only;
 # * reserved_skip_index=0 (mla_buffer.py:296, 405): padded tokens at slot 0;
-# * each layer's buffer is an allocation of its own, token rows (memory_pool.py:4864-4871): a contiguous cache.
+# * each layer's buffer is an allocation of its own, token rows (memory_pool.py:4864-4871): a contiguous cache;
+# * the slot mapping (``loc``, ``forward_batch.out_cache_loc``) is never strided where SGLang calls it
+#   (``GUARDED_BY_CALLER``; the kernel reads ``loc_ptr + pid``, mla_buffer.py:41, so the limit is checked).
 MLA = Capabilities(kv_cache_dtypes=("auto", "float32", "bfloat16", "float16", *E4M3_NAMES), scales=("1",),
-                   cache_layouts=("contiguous",), padding_slot=RESERVED_SLOT)
+                   cache_layouts=("contiguous",), padding_slot=RESERVED_SLOT, strided_index_tensors=False)
 # rope_and_reshape_and_cache_flash (fused_qk_rope_reshape_and_cache.py):
 # * line 629: ``d == dk == dv``: Dv = D; line 638: D a power of two; line 639: block_size a power of two;
 # * line 644: the table's width is D or 2D: R = D (no partial rotary);
@@ -108,11 +110,29 @@ MLA = Capabilities(kv_cache_dtypes=("auto", "float32", "bfloat16", "float16", *E
 # * padded tokens at slot 0 (create_fused_set_kv_buffer_arg: ``slot_mapping: forward_batch.out_cache_loc``).
 # * one k_scale / v_scale per layer (radix_attention.py:94, a layer's ``k_scale``): no per-head scales;
 # * base.py:493 ``query.view(tokens, -1, qk_head_dim)`` raises for 0 tokens (-1 is ambiguous): no empty batch;
-# * base.py:499 passes ``self.cos_sin_cache``, which SGLang keeps float32 on ROCm (base.py:206-210).
+# * base.py:499 passes ``self.cos_sin_cache``, which SGLang keeps float32 on ROCm (base.py:206-210);
+# * positions and the slot mapping are never strided where SGLang calls it (``GUARDED_BY_CALLER``; the kernel
+#   reads ``slot_mapping_ptr + pid_t``, line 329, and the positions likewise, so the limit is checked).
 FLASH = Capabilities(distinct_value_head_size=False, partial_rotary=False, head_sizes=POWERS_OF_TWO[1:],
                      block_sizes=POWERS_OF_TWO, per_head_scales=False, empty_batch=False, table_dtypes="float32",
-                     padding_slot=RESERVED_SLOT)
+                     padding_slot=RESERVED_SLOT, strided_index_tensors=False)
 CAPABILITIES = {"concat_and_cache_mla": MLA, "rope_and_reshape_and_cache_flash": FLASH}
+# SGLang's index tensors, contiguous by construction (sglang 0.5.23): the slots a batch writes are a prefix of
+# the allocator's one int64 free list or a fresh int64 tensor, padded for a CUDA graph by torch.cat; the
+# positions a fresh tensor (a torch.tensor, a kernel's output) padded the same way.
+SGLANG_SLOTS = ("sglang/srt/mem_cache/allocator/token.py:61 (free_pages[:need_size], a prefix of one int64 "
+                "tensor), sglang/srt/mem_cache/allocator/paged.py:241 (a fresh torch.empty) and "
+                "sglang/srt/model_executor/forward_batch_info.py:1722 (out_cache_loc padded by torch.cat): "
+                "contiguous")
+SGLANG_POSITIONS = ("sglang/srt/model_executor/forward_batch_info.py:1216 (torch.tensor(positions)), "
+                    "sglang/kernels/ops/attention/position.py:13 (torch.empty for the extend positions) and "
+                    "sglang/srt/model_executor/forward_batch_info.py:1722 (padded by torch.cat): contiguous")
+GUARDED_BY_CALLER = {"concat_and_cache_mla": {"slot_mapping layout strided": SGLANG_SLOTS},
+                     "rope_and_reshape_and_cache_flash": {"slot_mapping layout strided": SGLANG_SLOTS,
+                                                          "positions layout strided": SGLANG_POSITIONS}}
+# SGLang's calls these stand in for: its MLA pool's write (the Triton branch SGLang takes below SM90) and its ROCm
+# rotary's fused rope + cache write (module docstring); every deployment of those layouts runs against them.
+SERVES = {"concat_and_cache_mla": ("sglang-mla",), "rope_and_reshape_and_cache_flash": ("sglang-rope-cache",)}
 
 
 def package_dir() -> pathlib.Path:
@@ -208,6 +228,8 @@ class SglangTritonImplementation:
     padded_rows = "rotated"  # with SGLang's padding slot 0, every row's q and k are rotated
     checks_inputs = False  # the wrappers assert shapes only
     capabilities = CAPABILITIES
+    serves = SERVES  # SGLang's MLA pool write and ROCm fused rope + cache write (SERVES)
+    guarded_by_caller = GUARDED_BY_CALLER
 
     def __init__(self, sources: dict[str, str] | None = None) -> None:
         package = package_dir()
@@ -262,4 +284,5 @@ class SglangTritonImplementation:
                   **extra_args)
 
 
-__all__ = ["CAPABILITIES", "PATH_ENV_VAR", "SglangTritonImplementation", "load_kernels", "package_dir"]
+__all__ = ["CAPABILITIES", "GUARDED_BY_CALLER", "PATH_ENV_VAR", "SERVES", "SglangTritonImplementation", "load_kernels",
+           "package_dir"]
