@@ -27,10 +27,9 @@ import torch
 from mla_fuse.kernels import INTERPRETED
 from mla_fuse_conformance.judging.comparisons import rope_bound, rotation_terms
 from mla_fuse_reference.rope import rope_exact
-from third_party_helpers import DEVICE, adapter_loader, randn, rope_table
+from third_party_helpers import DEVICE, adapter_loader, bf16_tie_case, randn, rope_table
 
 PATH_ENV_VAR, SDIST_ENV_VAR = "MLA_FUSE_FLASH_ATTN_PATH", "MLA_FUSE_FLASH_ATTN_SDIST"
-TIE_BREAKER = 1 + 2.0 ** -8 + 2.0 ** -10  # bf16: 1.0078125 to nearest even, 1.0 truncated
 INTERPRETER_ONLY = pytest.mark.skipif(not INTERPRETED, reason="the bf16 corrections apply under the interpreter only")
 
 
@@ -194,21 +193,13 @@ def test_the_declared_limit_is_apply_rotarys_assert_and_refused_before_writing(f
     assert torch.equal(query, before)
 
 
-def _tie_case():
-    """One token, one head of 2, R = 2: ``a = 1, b = 0``, ``cos = 1 + 2^-8 + 2^-10`` (fp32), ``sin = 0``:
-    the rotated first element is exactly ``cos``; bf16 to nearest even 1.0078125 (the reference's)."""
-    query = torch.tensor([[[1.0, 0.0]]], dtype=torch.bfloat16, device=DEVICE)
-    table = torch.tensor([[TIE_BREAKER, 0.0]], dtype=torch.float32, device=DEVICE)
-    return torch.tensor([0], device=DEVICE), query, query.clone(), table
-
-
 @INTERPRETER_ONLY
 def test_flash_attn_needs_the_correction_and_it_hides_no_truncating_kernel(flash_attn):
     from mla_fuse_conformance.adapters.flash_attn_rotary import ROTARY_FILE, package_dir
 
     firsts = {}
     for exact in (False, True):
-        positions, query, key, table = _tie_case()
+        positions, query, key, table = bf16_tie_case()
         flash_attn(exact_bf16=exact).rotary_embedding(positions, query, key, 2, table, True)
         firsts[exact] = query[0, 0, 0].item()
     assert firsts == {False: 1.0, True: 1.0078125}, firsts
@@ -217,10 +208,10 @@ def test_flash_attn_needs_the_correction_and_it_hides_no_truncating_kernel(flash
     written = "tl.store(OUT, o0, mask=mask)\n"
     assert source.count(written) == 1, "rotary.py's NeoX store changed: update the planted bug"
     planted = source.replace(written, "tl.store(OUT, o0.to(tl.bfloat16, fp_downcast_rounding='rtz'), mask=mask)\n")
-    positions, query, key, table = _tie_case()
+    positions, query, key, table = bf16_tie_case()
     flash_attn(source=planted).rotary_embedding(positions, query, key, 2, table, True)
     assert (query[0, 0, 0].item(), key[0, 0, 0].item()) == (1.0, 1.0), "both calls run the planted store"
-    positions, query, key, table = _tie_case()
+    positions, query, key, table = bf16_tie_case()
     flash_attn(source=planted).rotary_embedding(positions, query, key, 2, table, False)
     assert query[0, 0, 0].item() == 1.0078125, "GPT-J's store is another statement, not planted"
 

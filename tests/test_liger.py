@@ -22,10 +22,9 @@ import triton.language as tl
 from mla_fuse.kernels import INTERPRETED
 from mla_fuse_conformance.judging.comparisons import rope_bound, rotation_terms
 from mla_fuse_reference.rope import rope_exact
-from third_party_helpers import DEVICE, adapter_loader, randn, rope_table
+from third_party_helpers import DEVICE, TIE_BREAKER, adapter_loader, bf16_tie_case, randn, rope_table
 
 PATH_ENV_VAR, WHEEL_ENV_VAR = "MLA_FUSE_LIGER_PATH", "MLA_FUSE_LIGER_WHEEL"
-TIE_BREAKER = 1 + 2.0 ** -8 + 2.0 ** -10  # bf16: 1.0078125 to nearest even, 1.0 truncated
 INTERPRETER_ONLY = pytest.mark.skipif(not INTERPRETED, reason="the bf16 corrections apply under the interpreter only")
 
 
@@ -152,12 +151,6 @@ def test_bf16_arithmetic_runs_on_bit_patterns_and_the_correction_on_values():
     assert torch.equal(results[True].view(torch.int16), want.view(torch.int16))
 
 
-def _tie_case():
-    """One token, one head of 2, R = 2: ``a = 1, b = 0``, ``cos = 1 + 2^-8 + 2^-10`` (fp32), ``sin = 0``:
-    the rotated first element is exactly ``cos``; bf16 to nearest even 1.0078125 (the reference's)."""
-    query = torch.tensor([[[1.0, 0.0]]], dtype=torch.bfloat16, device=DEVICE)
-    table = torch.tensor([[TIE_BREAKER, 0.0]], dtype=torch.float32, device=DEVICE)
-    return torch.tensor([0], device=DEVICE), query, query.clone(), table
 
 
 @INTERPRETER_ONLY
@@ -166,7 +159,7 @@ def test_liger_needs_the_correction_and_it_hides_no_truncating_kernel(liger):
 
     firsts = {}
     for exact in (False, True):
-        positions, query, key, table = _tie_case()
+        positions, query, key, table = bf16_tie_case()
         liger(exact_bf16=exact).rotary_embedding(positions, query, key, 2, table, True)
         firsts[exact] = query[0, 0, 0].item()
     assert firsts == {False: 1.0, True: 1.0078125}, firsts
@@ -183,7 +176,7 @@ def test_liger_needs_the_correction_and_it_hides_no_truncating_kernel(liger):
                              "tl.store(q_ptr + first_half_q_offsets, new_q_tile_1.to(tl.bfloat16, "
                              "fp_downcast_rounding='rtz'), mask=first_q_mask)", 1)
     assert planted != source, "Liger's forward store of q's first half changed: update the planted bug"
-    positions, query, key, table = _tie_case()
+    positions, query, key, table = bf16_tie_case()
     liger(source=planted).rotary_embedding(positions, query, key, 2, table, True)
     assert (query[0, 0, 0].item(), key[0, 0, 0].item()) == (1.0, 1.0078125), "only q was planted to truncate"
 

@@ -280,19 +280,52 @@ def test_a_planted_bug_in_each_kernel_fails_with_the_corrections(sglang, sglang_
         assert not torch.equal(got, want)
 
 
-@pytest.mark.nightly  # two fresh interpreters (~30 s here); the defect itself is checked per change above
-def test_the_upstream_reproducer_exits_1_on_the_defect_and_0_with_reference(sglang_root):
-    """docs/upstream/sglang-fused-qk-rope-short-slot-mapping.py, standalone (torch, triton and the kernel file)."""
+@pytest.mark.nightly  # two fresh interpreters each (~30 s here); each defect itself is checked per change above
+@pytest.mark.parametrize("name", ["sglang-fused-qk-rope-short-slot-mapping.py",
+                                  "sglang-fused-qk-rope-fp8-cache-from-unrounded-key.py"])
+def test_the_upstream_reproducer_exits_1_on_the_defect_and_0_with_reference(sglang_root, name):
+    """docs/upstream's SGLang reproducers, standalone (torch, triton and the kernel file)."""
     import pathlib
     import subprocess
 
-    script = pathlib.Path(__file__).parents[1] / "docs" / "upstream" / "sglang-fused-qk-rope-short-slot-mapping.py"
+    script = pathlib.Path(__file__).parents[1] / "docs" / "upstream" / name
     path = ["--path", sglang_root] if sglang_root else []
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     for extra, code in (([], 1), (["--reference"], 0)):
         result = subprocess.run([sys.executable, str(script), *path, *extra], capture_output=True, text=True,
                                 env=env, timeout=300)
         assert result.returncode == code, result.stdout + result.stderr
+
+
+# each caller-guard citation of the adapter and what that line of SGLang 0.5.23 holds
+GUARD_LINES = {"sglang/srt/mem_cache/allocator/token.py:61": "self.free_pages[:need_size]",
+               "sglang/srt/mem_cache/allocator/paged.py:241": "out_indices = torch.empty(",
+               "sglang/srt/model_executor/forward_batch_info.py:1722": "return torch.cat(",
+               "sglang/srt/model_executor/forward_batch_info.py:1216": "torch.tensor(positions",
+               "sglang/kernels/ops/attention/position.py:13": "positions = torch.empty("}
+
+
+def test_the_caller_guards_cite_what_sglangs_lines_hold(sglang_root):
+    """Every ``path:line`` of ``GUARDED_BY_CALLER`` (the strided-index limits SGLang's callers never reach) is
+    one of ``GUARD_LINES`` and holds its text in the wheel: a new or moved citation fails here."""
+    import re
+
+    from mla_fuse_conformance.adapters.sglang_triton import GUARDED_BY_CALLER, package_dir
+
+    if sglang_root is not None:
+        os.environ[PATH_ENV_VAR] = sglang_root
+        try:
+            root = package_dir().parent
+        finally:
+            del os.environ[PATH_ENV_VAR]
+    else:
+        root = package_dir().parent
+    cited = {match for guards in GUARDED_BY_CALLER.values() for text in guards.values()
+             for match in re.findall(r"sglang/[\w/]+\.py:\d+", text)}
+    assert cited == set(GUARD_LINES)
+    for citation, text in GUARD_LINES.items():
+        path, line = citation.rsplit(":", 1)
+        assert text in (root / path).read_text().splitlines()[int(line) - 1], citation
 
 
 def test_mla_fuse_verify_runs_it_on_sglangs_own_deployment(sglang_root, verify_one_deployment):

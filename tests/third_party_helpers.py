@@ -10,6 +10,7 @@ from mla_fuse.kernels import INTERPRETED
 
 DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRETED else "cpu"
 SENTINEL = 0x5A  # the byte an fp8 cache is filled with before a write (a float cache: 7.0)
+TIE_BREAKER = 1 + 2.0 ** -8 + 2.0 ** -10  # bf16: 1.0078125 to nearest even, 1.0 truncated
 
 
 def adapter_loader(adapter_class, root: str | None, path_env_var: str, monkeypatch, source_argument: str = "source"):
@@ -49,3 +50,12 @@ def sentinel_filled(shape, dtype) -> torch.Tensor:
     if dtype.itemsize == 1:
         return torch.full(shape, SENTINEL, dtype=torch.uint8, device=DEVICE).view(dtype)
     return torch.full(shape, 7.0, dtype=dtype, device=DEVICE)
+
+
+def bf16_tie_case():
+    """One token, one head of 2, R = 2: ``a = 1, b = 0``, ``cos = 1 + 2^-8 + 2^-10`` (fp32), ``sin = 0``:
+    the rotated first element is exactly ``cos``; bf16 to nearest even 1.0078125 (the reference's), truncated
+    1.0. Returns ``positions, query, key, table``."""
+    query = torch.tensor([[[1.0, 0.0]]], dtype=torch.bfloat16, device=DEVICE)
+    table = torch.tensor([[TIE_BREAKER, 0.0]], dtype=torch.float32, device=DEVICE)
+    return torch.tensor([0], device=DEVICE), query, query.clone(), table
