@@ -17,7 +17,7 @@ import torch
 
 from mla_fuse.kernels import INTERPRETED
 from mla_fuse_reference import ops as ref
-from third_party_helpers import DEVICE, bits, randn, sentinel_filled
+from third_party_helpers import DEVICE, bits, randn, rope_table, sentinel_filled
 
 PATH_ENV_VAR, WHEEL_ENV_VAR = "MLA_FUSE_SGLANG_PATH", "MLA_FUSE_SGLANG_WHEEL"
 MLA_FILE = "kernels/ops/kvcache/mla_buffer.py"
@@ -192,6 +192,24 @@ def test_a_strided_slot_mapping_is_read_as_contiguous(sglang):
     assert torch.equal(rows[6], torch.cat([kv_c[1], k_pe[1]]))
 
 
+def test_a_query_whose_heads_are_not_packed_is_written_then_refused(sglang):
+    """A contract deviation SGLang's own callers never reach (q, k, v are column slices of one projection), by
+    hand: the wrapper's last line ``return q_out.view(-1, qh * d)`` (fused_qk_rope_reshape_and_cache.py:736)
+    raises for a query whose head stride is not D, after the kernel rotated q and k and wrote the caches: an
+    exception after the write (the limit check's ``stray write``), not a refusal."""
+    impl = sglang()
+    query = randn(2, 2, 5, dtype=torch.float32, seed=13)[..., :4]  # head stride 5, D = 4
+    key, value = randn(2, 1, 4, dtype=torch.float32, seed=14), randn(2, 1, 4, dtype=torch.float32, seed=15)
+    key_cache, value_cache = (torch.zeros(2, 2, 1, 4, device=DEVICE) for _ in range(2))
+    before = query.clone()
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        impl.rope_and_reshape_and_cache_flash(torch.tensor([1, 2], device=DEVICE), query, key, value, key_cache,
+                                              value_cache, torch.tensor([1, 2], device=DEVICE),
+                                              rope_table(4, torch.float32), True, "auto", torch.ones(1), torch.ones(1))
+    assert not torch.equal(query, before)  # rotated in place
+    assert torch.equal(value_cache.view(4, 4)[1:3], value.view(2, 4))  # and written
+
+
 def test_the_fp8_cache_holds_the_fp32_rotation_not_the_written_back_key(sglang):
     """A confirmed contract deviation, by hand in torch: the fused kernel quantizes its fp32 rotation of k
     (``k_pe * k_scale_rcprl``, fused_qk_rope_reshape_and_cache.py:373) while it writes k back in bf16, so the fp8
@@ -302,7 +320,9 @@ GUARD_LINES = {"sglang/srt/mem_cache/allocator/token.py:61": "self.free_pages[:n
                "sglang/srt/mem_cache/allocator/paged.py:241": "out_indices = torch.empty(",
                "sglang/srt/model_executor/forward_batch_info.py:1722": "return torch.cat(",
                "sglang/srt/model_executor/forward_batch_info.py:1216": "torch.tensor(positions",
-               "sglang/kernels/ops/attention/position.py:13": "positions = torch.empty("}
+               "sglang/kernels/ops/attention/position.py:13": "positions = torch.empty(",
+               "sglang/srt/models/gpt_oss.py:474": "q, k, v = qkv.split(",
+               "sglang/srt/layers/rotary_embedding/base.py:493": "query = query.view(tokens, -1, qk_head_dim)"}
 
 
 def test_the_caller_guards_cite_what_sglangs_lines_hold(sglang_root):

@@ -104,7 +104,8 @@ def main() -> int:
         print("DEFECT: element 0 rotates to 1.31265 in fp32, is written back as float16 1.3125 (midway between E4M3 "
               "1.25 and 1.375: the unfused path caches 1.25, 0x3a) but cached as 1.375 (0x3b), the code of the "
               "fp32 rotation: the cache does not hold the key written back (fused_qk_rope_reshape_and_cache.py: "
-              "k_pe stored to k_out at line 366, then k_pe * k_scale_rcprl (line 373), still fp32, quantized at line 404)")
+              "k_pe stored to k_out at line 366, then k_pe * k_scale_rcprl (line 373), still fp32, quantized at "
+              "line 404)")
         return 1
     print("neither: unexpected cached codes")
     return 2
