@@ -201,15 +201,6 @@ DEPLOYMENTS = (
     _d("llama-3.1-8b-tp2-fp8-vllm-flashinfer-hnd-decode", "llama-3.1-8b", 2, 16, 4, "fp8", 64, "vllm-flashinfer-hnd",
        "decode", 8, _MHA, "Blackwell's HND blocks with K|V halves, fp8, TP 2", _VFP8, _V_FI,
        "vllm/v1/attention/backends/flashinfer.py:734"),
-    # vLLM's Triton attention backend: its own Triton write (triton_reshape_and_cache_flash) into the K|V halves;
-    # the rope call is vllm-flash's (the backend does not change it), so the cache write alone
-    _d("llama-3.1-8b-tp1-bf16-vllm-triton-attn-decode", "llama-3.1-8b", 1, 32, 8, "auto", 16, "vllm-triton-attn",
-       "decode", 8, ("reshape_and_cache_flash",), "the Triton backend's write, K|V halves, default 16-slot blocks",
-       _V_TRITON, _V_TRITON_AUTO, _V16),
-    _d("llama-3.1-8b-tp1-fp8-vllm-triton-attn-prefill", "llama-3.1-8b", 1, 32, 8, "fp8", 32, "vllm-triton-attn",
-       "prefill", 40, ("reshape_and_cache_flash",),
-       "the Triton backend's fp8 write with a scale, 32-slot blocks (a multiple of 16), a chunk from mid-block",
-       _V_TRITON, _VFP8, "vllm/v1/attention/backends/triton_attn.py:340"),
     # the fused rope + flash write, where engines fuse it (ROCm): vLLM's AITER path, SGLang's ROCm rotary
     _d("llama-3.1-8b-tp1-fp8-vllm-rocm-rope-cache-decode", "llama-3.1-8b", 1, 32, 8, "fp8", 16,
        "vllm-rope-cache-rocm", "decode", 8, ("rope_and_reshape_and_cache_flash",),
@@ -259,4 +250,14 @@ DEPLOYMENTS = (
     _d("llama-3.1-8b-tp1-fp8-lmdeploy-decode", "llama-3.1-8b", 1, 32, 8, "fp8-unit", 16, "lmdeploy-flash", "decode",
        8, _MHA, "LMDeploy's smallest block (16), an fp8 cache at scale 1, K|V packed per block",
        "lmdeploy/messages.py:623", _LFP8),
+    # vLLM's Triton attention backend: its own Triton write (triton_reshape_and_cache_flash) into the K|V halves;
+    # the rope call is vllm-flash's (the backend does not change it), so the cache write alone; listed last, so the
+    # deployments above keep their positions in the suite's draws of a deployment
+    _d("llama-3.1-8b-tp1-bf16-vllm-triton-attn-decode", "llama-3.1-8b", 1, 32, 8, "auto", 16, "vllm-triton-attn",
+       "decode", 8, ("reshape_and_cache_flash",), "the Triton backend's write, K|V halves, default 16-slot blocks",
+       _V_TRITON, _V_TRITON_AUTO, _V16),
+    _d("llama-3.1-8b-tp1-fp8-vllm-triton-attn-prefill", "llama-3.1-8b", 1, 32, 8, "fp8", 32, "vllm-triton-attn",
+       "prefill", 40, ("reshape_and_cache_flash",),
+       "the Triton backend's fp8 write with a scale, 32-slot blocks (a multiple of 16), a chunk from mid-block",
+       _V_TRITON, _VFP8, "vllm/v1/attention/backends/triton_attn.py:340"),
 )
