@@ -51,6 +51,56 @@ def test_vllm_flash_caches_are_the_k_v_halves_of_one_pool():
     assert sglang["value_cache"].storage_offset() - sglang["key_cache"].storage_offset() == 25 * 32 * 128
 
 
+def _vllm_triton_attn_call(tokens: int, heads: int, kv_heads: int, head_size: int, num_blocks: int,
+                           block_size: int, cache_dtype: torch.dtype, layers: int = 2, layer: int = 1) -> dict:
+    """The tensors vLLM 0.33.0's Triton attention backend hands ``triton_reshape_and_cache_flash``, built by
+    hand statement by statement from vLLM's lines (uint8 for an fp8 cache, the KV-cache spec's dtype)."""
+    size, d = (heads + 2 * kv_heads) * head_size, head_size
+    # vllm/model_executor/models/llama.py:230: q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+    qkv = torch.empty(tokens, size, dtype=torch.bfloat16)
+    _, k, v = qkv.split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
+    # vllm/model_executor/layers/attention/attention.py:541, :543
+    key, value = k.view(-1, kv_heads, d), v.view(-1, kv_heads, d)
+    # vllm/v1/kv_cache_interface.py:379-414 compute_layout_strides, :469-480 create_kv_cache_views: logical
+    # [L, NB, Hkv, B, 2D], stored in the physical order of KVCacheLayout.LBNHC = (0, 1, 3, 2, 4)
+    # (vllm/v1/kv_cache_layout.py:24; the default preference, vllm/v1/attention/backends/utils.py:229, as the
+    # backend declares no layout, vllm/v1/attention/backend.py:375)
+    shape, order = (layers, num_blocks, kv_heads, block_size, 2 * d), (0, 1, 3, 2, 4)
+    strides, current = [0] * 5, 1
+    for dim in reversed(order):
+        strides[dim], current = current, current * shape[dim]
+    raw = torch.empty(current, dtype=cache_dtype)  # vLLM's int8 bytes viewed as the spec's dtype: the same strides
+    kv_cache = torch.as_strided(raw, shape, strides)[layer]
+    # vllm/v1/attention/backends/triton_attn.py:828, do_kv_cache_update: (B, H, N, 2*hs) -> ((B, N, H, hs), ...)
+    key_cache, value_cache = kv_cache.transpose(1, 2).split(d, dim=-1)
+    return dict(key=key, value=value, key_cache=key_cache, value_cache=value_cache)
+
+
+@pytest.mark.parametrize("name", ["llama-3.1-8b-tp1-bf16-vllm-triton-attn-decode",
+                                  "llama-3.1-8b-tp1-fp8-vllm-triton-attn-prefill"])
+def test_vllm_triton_attn_passes_what_do_kv_cache_update_makes(name):
+    """vllm-triton-attn's case (the Triton backend's write) against the tensors built by hand from vLLM's lines:
+    key and value head views of qkv, the K|V halves of a layer's LBNHC view, int64 slots, one fp32 scale."""
+    deployment = BY_NAME[name]
+    args = built(name, FLASH_WRITE).args
+    fp8 = deployment.kv_cache_dtype.startswith("fp8")
+    vllm = _vllm_triton_attn_call(deployment.tokens, deployment.heads, deployment.kv_heads, 128,
+                                  deployment.num_blocks(), deployment.block_size, torch.uint8 if fp8 else torch.bfloat16)
+    for argument in ("key", "value"):
+        assert args[argument].shape == vllm[argument].shape and args[argument].stride() == vllm[argument].stride()
+        assert args[argument].storage_offset() == vllm[argument].storage_offset(), argument
+    for argument in ("key_cache", "value_cache"):
+        assert args[argument].shape == vllm[argument].shape and args[argument].stride() == vllm[argument].stride()
+        assert args[argument].dtype == vllm[argument].dtype, argument
+    assert (args["value_cache"].storage_offset() - args["key_cache"].storage_offset()
+            == vllm["value_cache"].storage_offset() - vllm["key_cache"].storage_offset() == 128)
+    # vllm/v1/worker/block_table.py:85: one int64 buffer, passed as a prefix
+    assert args["slot_mapping"].dtype == torch.int64 and args["slot_mapping"].is_contiguous()
+    if fp8:  # fp8_e4m3, k_scale/v_scale: a [1] fp32 tensor, not 1 (vllm/config/cache.py:49)
+        assert args["kv_cache_dtype"] == "fp8_e4m3" and args["k_scale"].shape == (1,)
+        assert args["k_scale"].dtype == torch.float32 and float(args["k_scale"]) != 1.0
+
+
 def test_a_decode_batch_scatters_slots_one_per_block_near_the_table_end():
     deployment = BY_NAME["deepseek-v3-tp8-bf16-vllm-decode"]
     args = built(deployment.name, "concat_and_cache_mla_rope_fused").args

@@ -58,7 +58,7 @@ def test_names_are_unique_across_the_suite():
 
 
 def test_at_most_about_thirty_deployments_each_small_on_the_cpu():
-    assert len(DEPLOYMENTS) <= 32
+    assert len(DEPLOYMENTS) <= 34
     costly = {d.name: cpu_elements(d) for d in DEPLOYMENTS
               if cpu_elements(d)["inputs"] + cpu_elements(d)["cache"] > CPU_ELEMENT_LIMIT}
     assert not costly, f"over {CPU_ELEMENT_LIMIT:,} elements on the CPU: {costly}"
@@ -81,6 +81,8 @@ def test_the_deployments_cover_the_issue():
         engines = {LAYOUTS[d.layout].engine for d in DEPLOYMENTS if (d.preset, d.tp) == ("deepseek-v3", tp)}
         assert engines >= {"vllm", "sglang"}, f"DeepSeek-V3 at TP {tp} runs on {engines} only"
     assert some(preset="llama-3.1-8b", layout="vllm-flash") and some(preset="llama-3.1-8b", layout="vllm-flashinfer")
+    # vLLM's Triton backend (the call --impl vllm-triton serves): a bf16 and an fp8 cache
+    assert some(layout="vllm-triton-attn", kv_cache_dtype="auto") and some(layout="vllm-triton-attn", scale="tensor")
     assert some(preset="llama-3.1-8b", batch="prefill")
     assert some(preset="llama-3.1-405b", tp=1) and some(preset="llama-3.1-405b", tp=8)
     assert some(scale="tensor") and some(scale="per_head")

@@ -197,9 +197,59 @@ def test_a_value_head_size_other_than_the_keys_is_read_and_written_with_the_keys
                                                                       "per-head scales yes"}
 
 
+def test_it_serves_the_triton_backends_layout_where_its_guarded_limits_are_not_reached():
+    """``SERVES`` names the layout whose flash write is this wrapper (the Triton backend's ``do_kv_cache_update``),
+    and the limits ``GUARDED_BY_CALLER`` lists are ones that layout never passes (one scale, one int64 slot
+    buffer): a guarded limit the served engine does reach would fail there."""
+    from mla_fuse_conformance.adapters.vllm_triton import GUARDED_BY_CALLER, SERVES
+    from mla_fuse_conformance.declarations.engine_layouts import LAYOUTS
+
+    impl = _implementation()
+    assert impl.serves == SERVES == {"reshape_and_cache_flash": ("vllm-triton-attn",)}
+    layout = LAYOUTS["vllm-triton-attn"]
+    call = next(c for c in layout.calls if c.operation == "reshape_and_cache_flash")
+    assert call.function.startswith("triton_reshape_and_cache_flash ") and "triton_attn.py" in call.source
+    assert (layout.cache.kv, layout.cache.hnd, layout.padding_slot, layout.slot_dtype) == ("halves", False, -1, "int64")
+    assert set(GUARDED_BY_CALLER["reshape_and_cache_flash"]) == {"slot_mapping layout strided", "per-head scales yes"}
+    assert "per_head" not in layout.scales
+
+
+def test_the_triton_backends_own_call_writes_what_the_reference_writes():
+    """The engine's form, built by hand from vLLM's lines (tests/test_deployment_cases.py builds the same at a
+    deployment's sizes): K and V head views of qkv, the K|V halves of layer 1 of an LBNHC pool of uint8 (an fp8
+    cache), a padded token at slot -1, one fp32 scale: the adapter writes exactly the reference's bytes and
+    nothing else (the padded token's row, layer 0 and the unwritten entries keep their sentinel)."""
+    impl = _implementation()
+    tokens, heads, kv_heads, d, blocks, block_size = 5, 4, 2, 32, 3, 16
+    generator = torch.Generator().manual_seed(3)
+    qkv = (torch.randn(tokens, (heads + 2 * kv_heads) * d, generator=generator) * 4).to(torch.bfloat16).to(DEVICE)
+    _, k, v = qkv.split([heads * d, kv_heads * d, kv_heads * d], dim=-1)  # llama.py:230
+    key, value = k.view(-1, kv_heads, d), v.view(-1, kv_heads, d)  # attention.py:541, :543
+    pool = torch.full((2, blocks, block_size, kv_heads, 2 * d), SENTINEL, dtype=torch.uint8, device=DEVICE)
+    kv_cache = pool.permute(0, 1, 3, 2, 4)[1]  # LBNHC stored, seen as the logical [NB, Hkv, B, 2D] of layer 1
+    key_cache, value_cache = kv_cache.transpose(1, 2).split(d, dim=-1)  # triton_attn.py:828 (0.33.0)
+    slots = torch.tensor([3, -1, 17, 40, 33], dtype=torch.int64, device=DEVICE)  # PAD_SLOT_ID = -1
+    scales = [torch.tensor([s], dtype=torch.float32, device=DEVICE) for s in (0.3125, 2.5)]
+    want = ref.reshape_and_cache_flash(key, value, key_cache.clone(), value_cache.clone(), slots, "fp8_e4m3", *scales)
+    impl.reshape_and_cache_flash(key, value, key_cache, value_cache, slots, "fp8_e4m3", *scales)
+    assert torch.equal(key_cache, want[0]) and torch.equal(value_cache, want[1])
+    assert bool((pool[0] == SENTINEL).all())  # the other layer
+    written = pool[1].reshape(blocks * block_size, -1)
+    untouched = [slot for slot in range(blocks * block_size) if slot not in (3, 17, 40, 33)]
+    assert bool((written[untouched] == SENTINEL).all()) and not bool((written[[3, 17, 40, 33]] == SENTINEL).all())
+
+
 def test_mla_fuse_verify_runs_it_on_one_models_deployments(verify_one_deployment):
-    """The suite's own run of the adapter: Llama's flash writes pass, per-head scales declared."""
+    """The suite's own run of the adapter: Llama's flash writes pass, the Triton backend's two (served: run
+    whatever is declared) among them, per-head scales declared."""
+    from mla_fuse_conformance.adapters.vllm_triton import SERVES
+    from mla_fuse_conformance.cases.deployment_cases import deployments_running
+
     code, report = verify_one_deployment("vllm-triton")
     verdicts = {entry["verdict"] for entry in report["deployments"]}
     assert code == 0 and report["verdict"] == "PASS" and "pass" in verdicts, report["deployments"]
     assert verdicts <= {"pass", "not supported (declared)"}, report["deployments"]
+    served = {(d.name, "pass") for d in deployments_running("reshape_and_cache_flash")
+              if d.layout in SERVES["reshape_and_cache_flash"]}
+    ran = {(entry["name"], entry["verdict"]) for entry in report["deployments"]}
+    assert len(served) == 2 and served <= ran, report["deployments"]

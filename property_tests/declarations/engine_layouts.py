@@ -59,6 +59,7 @@ _VLLM_FP8_PER_HEAD = _VLLM_FP8 + "; [Hkv] per head with a kv_cache_scheme of str
 _VLLM_HALVES = ("one pool per KV-cache group: logical [layers, NB, Hkv, B, 2D], stored {order}; a layer's "
                 "key_cache, value_cache = kv_cache.transpose(1, 2).split(D, dim=-1)")
 _VLLM_QKV = "vllm/model_executor/models/llama.py:230"
+_VLLM_TRITON = "vllm/v1/attention/backends/triton_attn.py"
 _VLLM_MHA_VIEWS = (
     qkv_view("query", ("rotary_embedding",), 2, _VLLM_QKV),
     qkv_view("key", ("rotary_embedding",), 2, _VLLM_QKV),
@@ -160,6 +161,35 @@ _VLLM = (
         notes="Only ROCm backends implement the fused MHA rope + cache write (AITER's triton_rope_and_cache); "
               "CUDA backends leave fused_rope_kvcache_supported False, so the pass does not fire there."),
 )
+
+
+# vLLM's Triton attention backend (TRITON_ATTN): its own Triton write. Listed after the other engines' layouts, so
+# those keep their positions in the strategies' draws (strategies.engine_views samples LAYOUTS in order).
+_VLLM_TRITON_ATTN = EngineLayout(
+    "vllm-triton-attn", "vllm", "mha",
+    calls=(_VLLM_ROPE, Call("reshape_and_cache_flash", "triton_reshape_and_cache_flash "
+                            "(TritonAttentionImpl.do_kv_cache_update: vLLM's Triton kernel)",
+                            f"{_VLLM_TRITON}:834")),
+    views=_VLLM_MHA_VIEWS,
+    cache=CacheForm("chunked", "halves", False,
+                    _VLLM_HALVES.format(order="LBNHC (NHD, layer-outer: the default preference, the backend "
+                                              "declaring no layouts)"),
+                    f"{_VLLM_TRITON}:828"),
+    **_VLLM_INDEX, table_dtype="input", block_default=16, block_sizes=(), block_multiple=16,
+    scales=("unit", "tensor"),
+    fp8_scale=_VLLM_FP8 + "; every fp8 name viewed as current_platform.fp8_dtype() (float8_e4m3fn on CUDA)",
+    sources=(*_VLLM_INDEX_SOURCES, f"{_VLLM_TRITON}:340", f"{_VLLM_TRITON}:326", f"{_VLLM_TRITON}:332",
+             f"{_VLLM_TRITON}:514", f"{_VLLM_TRITON}:542", "vllm/platforms/interface.py:1276",
+             "vllm/v1/attention/backend.py:187", "vllm/v1/attention/backend.py:326",
+             "vllm/v1/attention/backend.py:375", "vllm/v1/attention/backends/utils.py:229",
+             "vllm/platforms/cuda.py:178", "vllm/config/attention.py:40"),
+    notes=_VLLM_MHA_NOTES + " TRITON_ATTN: on CUDA third in line after FLASH_ATTN and FLASHINFER (cuda.py:176-178),"
+          " or chosen with --attention-backend TRITON_ATTN; the last MHA fallback on ROCm (rocm.py:564). Kernel "
+          "block sizes: multiples of 16. Caches: auto, float16, bfloat16, fp8, fp8_e4m3, fp8_e5m2 (fp8 only "
+          "from capability 8.9, triton_attn.py:514) and per-token-head quantized ones (another kernel, not the "
+          "contract's). One k_scale/v_scale: supports_per_head_quant_scales stays False, so a per-head "
+          "kv_cache_scheme rules the backend out. vLLM's ROCm backend calls the same wrapper on its own "
+          "head-major caches for blocks other than 16 and 32 (rocm_attn.py:516), a layout not declared here.")
 
 
 # ---------------------------------------------------------------- SGLang 0.5.23
@@ -314,4 +344,5 @@ _FLASHINFER = (
               f"({_FI_ROPE}:1292) rotates and quantizes into new tensors and writes no cache."),
 )
 
-LAYOUTS: dict[str, EngineLayout] = {layout.name: layout for layout in (*_VLLM, *_SGLANG, *_FLASHINFER, *LMDEPLOY)}
+LAYOUTS: dict[str, EngineLayout] = {layout.name: layout for layout in (*_VLLM, *_SGLANG, *_FLASHINFER, *LMDEPLOY,
+                                                                    _VLLM_TRITON_ATTN)}
