@@ -41,6 +41,14 @@ from typing import Any, Callable
 
 import torch
 from torch import fx
+from torch._dynamo.utils import counters
+from torch._functorch.aot_autograd import aot_module_simplified
+from torch._inductor.compile_fx import compile_fx, fake_tensor_prop
+from torch._inductor.decomposition import select_decomp_table
+from torch._inductor.fx_passes.joint_graph import joint_graph_passes
+from torch._inductor.fx_passes.post_grad import post_grad_passes, view_to_reshape
+from torch._inductor.virtualized import V
+from torch._subclasses.fake_tensor import is_fake
 
 from mla_fuse.passes.config import FusionConfig, OptimizationLevel
 from mla_fuse.passes.inductor_pass import COUNTER_PREFIX
@@ -92,14 +100,10 @@ class GraphRecord:
 
 
 def _inductor_counters():
-    from torch._dynamo.utils import counters
-
     return counters["inductor"]
 
 
 def _storages(example_inputs: list[Any]) -> frozenset[int]:
-    from torch._subclasses.fake_tensor import is_fake
-
     return frozenset(t.untyped_storage().data_ptr() for t in example_inputs
                      if isinstance(t, torch.Tensor) and not is_fake(t))
 
@@ -126,8 +130,6 @@ class MlaFuseBackend:
         self.pass_manager.last_graph = None
         storages = _storages(example_inputs)
         if self.backend == "inductor":
-            from torch._inductor.compile_fx import compile_fx
-
             patches = {**PINNED_INDUCTOR_CONFIG, "post_grad_custom_post_pass": self.pass_manager}
             compiled = compile_fx(gm, example_inputs, config_patches=patches)
         else:
@@ -141,9 +143,6 @@ class MlaFuseBackend:
                                         storages))
 
     def _compile_light(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable:
-        from torch._functorch.aot_autograd import aot_module_simplified
-        from torch._inductor.decomposition import select_decomp_table
-
         with torch._inductor.config.patch(PINNED_INDUCTOR_CONFIG):
             return aot_module_simplified(
                 gm, example_inputs, fw_compiler=self._run_passes_eagerly,
@@ -153,11 +152,6 @@ class MlaFuseBackend:
     def _run_passes_eagerly(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable:
         """Inductor's steps up to code generation (``compile_fx``: joint-graph passes, view -> reshape,
         fake-tensor propagation, post-grad passes), then the graph itself as the compiled function."""
-        from torch._inductor.compile_fx import fake_tensor_prop
-        from torch._inductor.fx_passes.joint_graph import joint_graph_passes
-        from torch._inductor.fx_passes.post_grad import post_grad_passes, view_to_reshape
-        from torch._inductor.virtualized import V
-
         patches = {**PINNED_INDUCTOR_CONFIG, "post_grad_custom_post_pass": self.pass_manager}
         with torch._inductor.config.patch(patches):
             joint_graph_passes(gm)

@@ -68,6 +68,7 @@ from typing import Callable
 import torch
 
 from mla_fuse import signatures, validation
+# rope_kernel: `rotary_embedding` is this module's op
 from mla_fuse.kernels import flash_cache, flash_rope_cache, mla_cache, mla_rope_cache, rotary_embedding as rope_kernel
 
 # ---------------------------------------------------------------- registration (vLLM's direct_register_custom_op)

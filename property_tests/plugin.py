@@ -7,8 +7,9 @@ pytest loads it into every session of an environment where mla_fuse is installed
 guest, as hypothesis' own plugin is:
 
 * at import it loads the standard library, pytest and the option names of
-  ``declarations.options`` only (no torch, hypothesis or Triton), and at registration its hook
-  specifications (``hookspecs.py``, standard library only);
+  ``declarations.options`` only (no torch, hypothesis or Triton: tests/test_implementation.py), and
+  at registration its hook specifications (``hookspecs.py``, standard library only); every other
+  import is inside the hook or fixture that needs it, marked ``deferred: a guest plugin``;
 * its options are all ``--mla-fuse-*`` (``--mla-fuse-impl``, ``--mla-fuse-require``,
   ``--mla-fuse-shrink-seconds``), so a project's own ``--impl`` keeps working;
 * it writes nothing to ``os.environ``, registers and loads no hypothesis profile and writes no
@@ -85,7 +86,7 @@ def state(config) -> SuiteState:
 
 
 def pytest_addhooks(pluginmanager):
-    from mla_fuse_conformance import hookspecs
+    from mla_fuse_conformance import hookspecs  # deferred: a guest plugin
 
     pluginmanager.add_hookspecs(hookspecs)
 
@@ -124,9 +125,9 @@ def start_suite(config) -> None:
     if current.in_use:
         return
     current.in_use = True
-    from mla_fuse_conformance.declarations.third_party_warnings import FILTERWARNINGS
-    from mla_fuse_conformance.running import devices, recording
-    from mla_fuse_conformance.settings import profiles
+    from mla_fuse_conformance.declarations.third_party_warnings import FILTERWARNINGS  # deferred: a guest plugin
+    from mla_fuse_conformance.running import devices, recording  # deferred: a guest plugin
+    from mla_fuse_conformance.settings import profiles  # deferred: a guest plugin
 
     for line in FILTERWARNINGS:
         config.addinivalue_line("filterwarnings", line)
@@ -150,11 +151,11 @@ def share_cpu_threads(config) -> None:
     workers = getattr(config, "workerinput", {}).get("workercount")
     if not workers:
         return
-    from mla_fuse_conformance.running.devices import worker_threads
+    from mla_fuse_conformance.running.devices import worker_threads  # deferred: a guest plugin
 
     threads = worker_threads(workers)
     if threads is not None:
-        import torch
+        import torch  # deferred: a guest plugin
 
         torch.set_num_threads(threads)
 
@@ -163,6 +164,7 @@ def loaded_implementation(config):
     """The implementation of this session, loaded once (``--mla-fuse-impl``, ``--mla-fuse-require``)."""
     current = state(config)
     if current.implementation is None:
+        # deferred: a guest plugin
         from mla_fuse_conformance.contract.implementation import load_implementation, parse_required
 
         require = parse_required(config.getoption("mla_fuse_require"), PYTEST_REQUIRE_OPTION)
@@ -180,7 +182,7 @@ def pytest_configure(config):
     if profile.startswith(PROFILE_PREFIX) or named or config.getoption("mla_fuse_shrink_seconds") is not None:
         start_suite(config)
     if named:
-        from mla_fuse_conformance.contract.implementation import ImplementationError
+        from mla_fuse_conformance.contract.implementation import ImplementationError  # deferred: a guest plugin
 
         try:
             loaded_implementation(config)
@@ -191,7 +193,7 @@ def pytest_configure(config):
     directory = os.environ.get(REPORT_DIR_ENV)
     if directory and not hasattr(config, "workerinput"):  # not an xdist worker
         start_suite(config)
-        from mla_fuse_conformance.running.session_report import SessionReport
+        from mla_fuse_conformance.running.session_report import SessionReport  # deferred: a guest plugin
 
         config.pluginmanager.register(SessionReport(config, pathlib.Path(directory)), "mla_fuse_session_report")
 
@@ -225,7 +227,7 @@ def pytest_unconfigure(config):
 def pytest_collection_modifyitems(config, items):
     """Deselect the properties that would only skip for the implementation (``contract/applicable.py``)."""
     if state(config).implementation is not None:
-        from mla_fuse_conformance.contract.applicable import deselect_inapplicable
+        from mla_fuse_conformance.contract.applicable import deselect_inapplicable  # deferred: a guest plugin
 
         deselect_inapplicable(config, items, state(config).implementation)
 
@@ -233,11 +235,11 @@ def pytest_collection_modifyitems(config, items):
 def pytest_report_collectionfinish(config, items):
     if not state(config).in_use or not any("mla_fuse_impl" in getattr(item, "fixturenames", ()) for item in items):
         return None
-    from hypothesis import settings
+    from hypothesis import settings  # deferred: a guest plugin
 
-    from mla_fuse_conformance.cases import sizes
-    from mla_fuse_conformance.contract.implementation import resolve_spec
-    from mla_fuse_conformance.running.devices import select_device
+    from mla_fuse_conformance.cases import sizes  # deferred: a guest plugin
+    from mla_fuse_conformance.contract.implementation import resolve_spec  # deferred: a guest plugin
+    from mla_fuse_conformance.running.devices import select_device  # deferred: a guest plugin
 
     return (f"mla_fuse: implementation {resolve_spec(config.getoption('mla_fuse_impl'))}, hypothesis profile "
             f"{settings.get_current_profile_name()!r}, sizes "
@@ -255,8 +257,9 @@ def pytest_generate_tests(metafunc):
     operation = getattr(metafunc.function, "mla_fuse_deployments", None)
     if operation is None:
         return
+    # deferred: a guest plugin
     from mla_fuse_conformance.cases.deployment_cases import DEPLOYMENTS, deployment_cases, user_deployments
-    from mla_fuse_conformance.contract.implementation import ImplementationError
+    from mla_fuse_conformance.contract.implementation import ImplementationError  # deferred: a guest plugin
 
     try:
         target = loaded_implementation(metafunc.config).target
@@ -288,7 +291,7 @@ def mla_fuse(request, mla_fuse_impl, mla_fuse_device):
     its methods are the checks. One per test; it holds no per-example state, so hypothesis'
     ``function_scoped_fixture`` health check is suppressed for the tests that use it
     (``allow_the_property_fixture``)."""
-    from mla_fuse_conformance.running.harness import PropertyRun
+    from mla_fuse_conformance.running.harness import PropertyRun  # deferred: a guest plugin
 
     current = state(request.config)
     return PropertyRun(property_of_test(current, request.function), mla_fuse_impl, mla_fuse_device,
@@ -298,7 +301,7 @@ def mla_fuse(request, mla_fuse_impl, mla_fuse_device):
 def property_of_test(current: SuiteState, test):
     """The ``harness.Property`` of a property test, made once per session."""
     if test not in current.properties:
-        from mla_fuse_conformance.running.harness import property_of
+        from mla_fuse_conformance.running.harness import property_of  # deferred: a guest plugin
 
         current.properties[test] = property_of(test)
     return current.properties[test]
@@ -314,7 +317,7 @@ def allow_the_property_fixture(item) -> None:
     test = getattr(item.obj, "__func__", item.obj)
     if not hasattr(test, "hypothesis"):
         return
-    from hypothesis import HealthCheck, settings
+    from hypothesis import HealthCheck, settings  # deferred: a guest plugin
 
     current = getattr(test, "_hypothesis_internal_use_settings", None) or settings.default
     if HealthCheck.function_scoped_fixture not in current.suppress_health_check:
@@ -325,14 +328,14 @@ def allow_the_property_fixture(item) -> None:
 @pytest.fixture(scope="session")
 def mla_fuse_device():
     """CUDA if available (xdist worker N uses GPU N % count), else the CPU; $MLA_FUSE_DEVICE overrides."""
-    from mla_fuse_conformance.running.devices import select_device
+    from mla_fuse_conformance.running.devices import select_device  # deferred: a guest plugin
 
     return select_device()
 
 
 def pytest_fixture_post_finalizer(fixturedef, request):
     """HypoFuzz enters a test again after tearing its fixtures down (``running/reentry.py``)."""
-    from mla_fuse_conformance.running.reentry import forget_finalized_fixture
+    from mla_fuse_conformance.running.reentry import forget_finalized_fixture  # deferred: a guest plugin
 
     forget_finalized_fixture(fixturedef, request)
 
@@ -348,7 +351,7 @@ def pytest_runtest_setup(item):
 @pytest.hookimpl(tryfirst=True)  # after hypothesis' own hook wrapper has set its key
 def pytest_runtest_call(item):
     if state(item.config).in_use and "mla_fuse" in getattr(item, "fixturenames", ()):
-        from mla_fuse_conformance.settings.database import key_by_suite_node_id
+        from mla_fuse_conformance.settings.database import key_by_suite_node_id  # deferred: a guest plugin
 
         marks = [mark for mark in item.iter_markers("mla_fuse")]
         # one example-database key per property, the key HypoFuzz uses (and its key in the wrapper layout)
@@ -361,10 +364,10 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     if report.when != "call" or not state(item.config).in_use:
         return
-    from hypothesis import settings
+    from hypothesis import settings  # deferred: a guest plugin
 
-    from mla_fuse_conformance.running import recording
-    from mla_fuse_conformance.settings import profiles
+    from mla_fuse_conformance.running import recording  # deferred: a guest plugin
+    from mla_fuse_conformance.settings import profiles  # deferred: a guest plugin
 
     recorder = state(item.config).recorder
     if recorder is None or recorder.stats is None:
@@ -372,7 +375,7 @@ def pytest_runtest_makereport(item, call):
 
     failure_file = failure = None
     if report.failed and recorder.last_failure is not None:
-        from mla_fuse_conformance.running import failure_text
+        from mla_fuse_conformance.running import failure_text  # deferred: a guest plugin
 
         # the case hypothesis reported (its first, where it reported several), not the last that failed
         found = failure_text.reported(call.excinfo.value if call.excinfo is not None else None)

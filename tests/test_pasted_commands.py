@@ -76,3 +76,16 @@ def test_the_interpreter_is_named_by_its_path_even_where_python_finds_it(monkeyp
     """An activated venv (``python`` on ``PATH`` is this interpreter) once got a bare ``python``."""
     monkeypatch.setenv("PATH", os.path.dirname(sys.executable))
     assert recording.python_command() == shlex.quote(os.path.abspath(sys.executable))
+
+
+def test_every_printed_prefix_is_shell_quoted(tmp_path, monkeypatch):
+    """``recording.assignments`` writes each ``NAME=VALUE`` of a printed command: the replay line's
+    ``TRITON_INTERPRET`` and ``PYTHONPATH`` and the pytest line's database, each a word a shell reads back
+    unchanged (a directory with a space and a ``$``)."""
+    odd = tmp_path / "a dir $HOME"
+    odd.mkdir()
+    monkeypatch.setenv("MLA_FUSE_HYPOTHESIS_DB", str(odd))
+    record = {"pythonpath": [str(odd)], "environment": {"TRITON_INTERPRET": "1 $x"}}
+    words = shlex.split(recording.replay_command(odd / "f.json", record))
+    assert words[:2] == ["TRITON_INTERPRET=1 $x", f"PYTHONPATH={odd}"], words
+    assert shlex.split(recording.database_prefix("mla_fuse.dev")) == [f"MLA_FUSE_HYPOTHESIS_DB={odd}"]

@@ -102,6 +102,8 @@ def launch_config(num_slots: int, num_kv_heads: int, head_size: int, value_head_
 
 #: the kernel's launches, Triton's per-call binding done once per layout (launcher.py)
 launcher = Launcher(flash_cache_kernel)
+#: fp8 caches store code bits: the caches' positions among the kernel's arguments (``Plan.code_bits``)
+FP8_CODE_BITS = launcher.positions("key_cache_ptr", "value_cache_ptr")
 
 
 def launch(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
@@ -136,4 +138,4 @@ def _plan(key, value, key_cache, value_cache, slot_mapping, fp8_format, k_scale,
         stride_key[0], stride_key[1], stride_value[0], stride_value[1], slot_mapping.stride(0),
         *stride_key_cache[:3], *stride_value_cache[:3],
         config.scale_stride(k_scale), config.scale_stride(v_scale),
-    ), constexprs, aligned, code_bits=() if fp8_format is None else (2, 3))  # fp8 caches store code bits
+    ), constexprs, aligned, code_bits=() if fp8_format is None else FP8_CODE_BITS)

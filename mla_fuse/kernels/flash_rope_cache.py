@@ -155,6 +155,8 @@ def launch_config(num_tokens: int, num_query_heads: int, num_kv_heads: int, head
 
 #: the kernel's launches, Triton's per-call binding done once per layout (launcher.py)
 launcher = Launcher(flash_rope_cache_kernel)
+#: fp8 caches store code bits: the caches' positions among the kernel's arguments (``Plan.code_bits``)
+FP8_CODE_BITS = launcher.positions("key_cache_ptr", "value_cache_ptr")
 
 
 def launch(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -202,4 +204,4 @@ def _plan(positions, query, key, value, key_cache, value_cache, slot_mapping, co
         stride_value[0], stride_value[1], stride_table[0], slot_mapping.stride(0),
         *stride_key_cache[:3], *stride_value_cache[:3],
         config.scale_stride(k_scale), config.scale_stride(v_scale),
-    ), constexprs, aligned, code_bits=() if fp8_format is None else (6, 7))  # fp8 caches store code bits
+    ), constexprs, aligned, code_bits=() if fp8_format is None else FP8_CODE_BITS)

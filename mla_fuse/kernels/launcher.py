@@ -69,13 +69,15 @@ try:
 except ImportError:  # not POSIX: no lock between processes (each compiles what it does not find)
     fcntl = None
 
+from triton import knobs
+from triton.runtime.driver import driver
+
 from mla_fuse.kernels import INTERPRETED
 
 try:
-    from triton import knobs as _knobs
     from triton.knobs import HookChain
 except ImportError:  # a Triton without launch hook chains: every launch calls the runner
-    _knobs = HookChain = None
+    HookChain = None
 
 
 def _current_device() -> int:
@@ -92,8 +94,6 @@ def _current_stream(device: int) -> int:
 
 def _resolve() -> None:
     """Bind ``current_device`` and ``current_stream`` to Triton's active driver's (chosen on first use)."""
-    from triton.runtime.driver import driver
-
     global current_device, current_stream
     current_device, current_stream = driver.active.get_current_device, driver.active.get_current_stream
 
@@ -167,6 +167,11 @@ class Launcher:
         #: key -> (compiled kernel, constexpr values in signature order, its launcher and handles or None)
         self.compiled: dict[tuple, tuple] = {}
 
+    def positions(self, *names: str) -> tuple[int, ...]:
+        """The positions of the kernel's parameters ``names`` in its signature (a ``Plan``'s ``code_bits``)."""
+        parameters = list(inspect.signature(self.kernel.fn).parameters)
+        return tuple(parameters.index(name) for name in names)
+
     def __call__(self, plan: Plan, *tensors) -> None:
         again = plan.again
         if again is not None:
@@ -223,7 +228,7 @@ def _launch(compiled, direct: tuple | None, grid: tuple, stream: int, arguments:
 
 def _no_launch_hooks() -> bool:
     """Whether Triton's launch hooks are empty ``HookChain`` objects: a launch then calls none."""
-    runtime = _knobs.runtime
+    runtime = knobs.runtime
     enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
     return type(enter) is HookChain and type(leave) is HookChain and not (enter.calls or leave.calls)
 
@@ -237,8 +242,6 @@ def compiling(kernel, key: tuple):
     if fcntl is None:
         yield
         return
-    from triton import knobs
-
     directory = os.path.join(knobs.cache.dir, "mla_fuse_locks")
     name = hashlib.sha256(repr((kernel.cache_key, key)).encode()).hexdigest()[:32]
     try:

@@ -101,6 +101,8 @@ def launch_config(num_slots: int, latent_dim: int, rotary_dim: int, fp8_format: 
 
 #: the kernel's launches, Triton's per-call binding done once per layout (launcher.py)
 launcher = Launcher(mla_cache_kernel)
+#: an fp8 cache stores code bits: the cache's position among the kernel's arguments (``Plan.code_bits``)
+FP8_CODE_BITS = launcher.positions("kv_cache_ptr")
 
 
 def launch(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
@@ -127,4 +129,4 @@ def _plan(kv_c, k_pe, kv_cache, slot_mapping, fp8_format) -> Plan | tuple:
     return Plan(grid, (
         num_slots, kv_cache.size(1), latent_dim, rotary_dim,
         stride_kv_c[0], stride_k[0], slot_mapping.stride(0), stride_cache[0], stride_cache[1],
-    ), constexprs, aligned, code_bits=() if fp8_format is None else (3,))  # an fp8 cache stores code bits
+    ), constexprs, aligned, code_bits=() if fp8_format is None else FP8_CODE_BITS)

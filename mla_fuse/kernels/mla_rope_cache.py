@@ -43,7 +43,6 @@ tiles' pointers with ``tl.multiple_of``. Compiled variants: dtypes, formats, fla
 from __future__ import annotations
 
 import functools
-import inspect
 
 import torch
 import triton.language as tl
@@ -137,7 +136,7 @@ def launch_config(num_tokens: int, num_heads: int, rotary_dim: int, latent_dim: 
 #: the kernel's launches, Triton's per-call binding done once per layout (launcher.py)
 launcher = Launcher(mla_rope_cache_kernel)
 #: an fp8 cache stores code bits: the cache's position among the kernel's arguments (``Plan.code_bits``)
-FP8_CODE_BITS = (list(inspect.signature(mla_rope_cache_kernel.fn).parameters).index("kv_cache_ptr"),)
+FP8_CODE_BITS = launcher.positions("kv_cache_ptr")
 
 
 def launch(positions: torch.Tensor, q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tensor,

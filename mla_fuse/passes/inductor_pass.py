@@ -17,6 +17,7 @@ import types
 from typing import Any
 
 import torch
+from torch._dynamo.utils import counters
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 logger = logging.getLogger("mla_fuse.passes")
@@ -56,8 +57,6 @@ class MlaFusePass(CustomGraphPass):
         self.total_matched = 0
 
     def __call__(self, graph: torch.fx.Graph) -> None:
-        from torch._dynamo.utils import counters
-
         self.matched_count = self.run(graph)
         self.total_matched += self.matched_count
         counters["inductor"][COUNTER_PREFIX + self.name] += self.matched_count

@@ -53,6 +53,7 @@ import torch
 import torch._inductor.pattern_matcher as pm
 from torch import fx
 from torch._dynamo.utils import dynamo_timed
+from torch._inductor.fx_passes.joint_graph import joint_graph_passes, lazy_init
 from torch._inductor.fx_passes.post_grad import remove_noop_ops, view_to_reshape
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -83,8 +84,6 @@ def canonicalize(gm: fx.GraphModule) -> None:
     rewrites, views as reshapes, no-op ops removed (a rope's ``x.view(T, -1, R)`` of a ``[T, H, R]`` q
     is gone from the graph, but not from ``[T, R]`` k: a pattern that kept it could only match q's
     chain on k's nodes)."""
-    from torch._inductor.fx_passes.joint_graph import joint_graph_passes
-
     joint_graph_passes(gm)
     view_to_reshape(gm)
     remove_noop_ops(gm.graph)
@@ -258,8 +257,6 @@ def _init_inductor_patterns() -> None:
     2.12 refuse to enter twice ("prior should be empty when entering ConfigPatch"). Inductor calls
     it with the graph's device; ``canonicalize`` with none, so on real Inductor the first pattern
     trace was that nested first run."""
-    from torch._inductor.fx_passes.joint_graph import lazy_init
-
     lazy_init()
 
 

@@ -22,6 +22,8 @@ from torch import fx
 from torch._higher_order_ops.auto_functionalize import auto_functionalized
 
 from mla_fuse.layers import rotary_embedding
+from mla_fuse.passes.fx_utils import find_auto_functionalized
+from mla_fuse.passes.graph_facts import table_lookups
 
 RopeForm = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
@@ -50,9 +52,6 @@ FORMS: dict[str, RopeForm] = {"custom_op": custom_op, "native": native, "deepsee
 def present(graph: fx.Graph) -> list[tuple[str, bool]]:
     """``(form, is_neox)`` pairs worth registering patterns for: the custom op with the styles its
     calls use; both native forms in both styles when the graph indexes a cos/sin table."""
-    from mla_fuse.passes.fx_utils import find_auto_functionalized
-    from mla_fuse.passes.pattern_utils import table_lookups
-
     found = {("custom_op", node.kwargs["is_neox"])
              for node in find_auto_functionalized(graph, torch.ops.mla_fuse.rotary_embedding.default)}
     if table_lookups(graph):

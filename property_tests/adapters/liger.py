@@ -57,7 +57,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mla_fuse import kernels as mla_fuse_kernels
+from mla_fuse import kernels as mla_fuse_kernels  # not `kernels`: this adapter's kernels are the third party's
 
 from mla_fuse_conformance.contract.capabilities import Capabilities
 from mla_fuse_conformance.running.foreign_kernels import (find_package, load_functions, load_jit_functions,

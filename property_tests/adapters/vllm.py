@@ -115,7 +115,7 @@ class VllmImplementation:
     # ------------------------------------------------------------ CUDA / ROCm: vllm._custom_ops
 
     def _init_cuda(self) -> None:
-        try:
+        try:  # deferred: an optional dependency (vllm's CUDA build)
             from vllm import _custom_ops as ops
         except ImportError as error:
             raise ImportError(f"{NOT_INSTALLED} ({error})") from error

@@ -13,6 +13,7 @@ import functools
 import math
 import os
 
+import torch
 from hypothesis import strategies as st
 
 from mla_fuse_conformance.declarations.presets import SERVING, largest, values_of
@@ -55,8 +56,6 @@ LARGE = Limits(max_tokens=largest("tokens"), max_heads=largest("heads"), max_kv_
 
 @functools.cache
 def _has_gpu() -> bool:
-    import torch
-
     return torch.cuda.is_available()
 
 

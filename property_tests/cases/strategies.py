@@ -15,6 +15,7 @@ import functools
 
 from hypothesis import strategies as st
 
+from mla_fuse_conformance.cases.corruptions import CORRUPTIONS
 from mla_fuse_conformance.cases.deployment_cases import deployment_cases, engine_placements
 from mla_fuse_conformance.cases.indices import position_specs, slot_specs, tables
 from mla_fuse_conformance.cases.placements import cache_placements, layouts, placements
@@ -211,8 +212,6 @@ BASE_CASES = {op: functools.partial(base_cases, op) for op in OPERATIONS}
 @st.composite
 def bad_input_cases(draw, operation: str, corruption: str | None = None) -> BadInputCase:
     """A small valid case for ``operation`` with one named corruption (``corruptions.py``)."""
-    from mla_fuse_conformance.cases.corruptions import CORRUPTIONS
-
     if corruption is None:
         corruption = draw(st.sampled_from(sorted(CORRUPTIONS[operation])))
     return BadInputCase(operation, corruption, draw(BASE_CASES[operation]()))

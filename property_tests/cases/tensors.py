@@ -16,6 +16,7 @@ import torch
 from mla_fuse_conformance.cases import memory
 from mla_fuse_conformance.cases.types import FlashCase, MlaCase, Placement, RopeCase
 from mla_fuse_conformance.declarations.dtypes import FLOAT_DTYPES, FP8_FORMAT_OF_KV_CACHE_DTYPE, INDEX_DTYPES
+# ref_*: the reference's modules, apart from the product's and the suite's values of those names
 from mla_fuse_reference import fp8 as ref_fp8
 from mla_fuse_reference import rope as ref_rope
 from mla_fuse_reference.rounding import FLOAT_FORMATS, round_once

@@ -34,6 +34,7 @@ import torch
 
 from mla_fuse_conformance.cases.types import FlashCase, MlaCase, RopeCase
 from mla_fuse_conformance.declarations.dtypes import FP8_FORMAT_OF_KV_CACHE_DTYPE
+# ref_*: the reference's modules, apart from the product's and the suite's values of those names
 from mla_fuse_reference import fp8 as ref_fp8
 from mla_fuse_reference.rounding import round_to_grid
 

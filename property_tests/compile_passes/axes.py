@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from mla_fuse_conformance.cases import features as case_features
-from mla_fuse_conformance.cases import fields as case_fields
+from mla_fuse_conformance.cases import features, fields
 from mla_fuse_conformance.cases.features import Axis
 from mla_fuse_conformance.compile_passes.cases import KV_CACHE_DTYPES, KV_FORMS_OF_POOL, CompileCase
 from mla_fuse_conformance.compile_passes.layers import ROPE_FORMS, SITUATIONS
@@ -51,7 +50,7 @@ def leaves(case: CompileCase) -> dict[str, object]:
 
 
 def _get(case, path: str):
-    match = case_fields.ELEMENT.match(path)
+    match = fields.ELEMENT.match(path)
     value = case
     for name in (match.group(1) if match else path).split("."):
         value = getattr(value, name)
@@ -71,7 +70,7 @@ def alternatives(case: CompileCase, path: str) -> tuple:
 
 def _set(case, path: str, value):
     """``case`` with one field replaced (``model.kinds[1]``: one element of the tuple)."""
-    match = case_fields.ELEMENT.match(path)
+    match = fields.ELEMENT.match(path)
     names = (match.group(1) if match else path).split(".")
     if match:
         items = list(_get(case, match.group(1)))
@@ -160,6 +159,6 @@ COMPILE_AXES = (
     Axis("fused layers", ("none", "some", "all"), _fused_layers),
 )
 
-case_fields.OTHER_KINDS[CompileCase] = CompileFields()
-case_features.OTHER_AXES[CompileCase] = COMPILE_AXES
-case_features.AXIS.update({axis.name: axis for axis in COMPILE_AXES})
+fields.OTHER_KINDS[CompileCase] = CompileFields()
+features.OTHER_AXES[CompileCase] = COMPILE_AXES
+features.AXIS.update({axis.name: axis for axis in COMPILE_AXES})

@@ -29,52 +29,46 @@ def _caches_in_context(layer_name: str, **caches):
         context.layers[layer_name] = entry
 
 
-@torch.library.custom_op("mla_fuse_arguments::unified_mla_kv_cache_update", mutates_args=("kv_cache",))
-def _mla_update(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, layer_name: str,
-                kv_cache_dtype: str, k_scale: torch.Tensor) -> torch.Tensor:
-    with _caches_in_context(layer_name, kv_cache=kv_cache):
-        return unified_ops.unified_mla_kv_cache_update._init_fn(kv_c, k_pe, layer_name, kv_cache_dtype, k_scale)
+def _with_cache_arguments(name: str, schema: str, layer_op):
+    """``layer_op`` (a layer's op, which fetches its cache(s) by layer name at run time) as the custom op
+    ``mla_fuse_arguments::name`` of ``schema``: ``layer_op``'s arguments with the caches (those named
+    ``*cache``) among them, declared written where ``schema`` marks them ``(a!)``. It runs ``layer_op`` with
+    those caches in the forward context; its fake is ``layer_op``'s."""
+    arguments = torch._C.parse_schema(f"mla_fuse_arguments::{name}{schema}").arguments
+    names = [argument.name for argument in arguments]
+    caches = [index for index, argument in enumerate(names) if argument.endswith("cache")]
+    written = [argument.name for argument in arguments if argument.alias_info and argument.alias_info.is_write]
+    layer_name = names.index("layer_name")
+
+    def others(args):
+        return [value for index, value in enumerate(args) if index not in caches]
+
+    def run(*args):
+        with _caches_in_context(args[layer_name], **{names[index]: args[index] for index in caches}):
+            return layer_op._init_fn(*others(args))
+
+    op = torch.library.custom_op(f"mla_fuse_arguments::{name}", run, mutates_args=written, schema=schema)
+    op.register_fake(lambda *args: layer_op._abstract_fn(*others(args)))
+    return op
 
 
-@_mla_update.register_fake
-def _(kv_c, k_pe, kv_cache, layer_name, kv_cache_dtype, k_scale):
-    return kv_c.new_empty(0)
-
-
-@torch.library.custom_op("mla_fuse_arguments::unified_mla_attention", mutates_args=())
-def _mla_attention(q: torch.Tensor, kv_cache: torch.Tensor, kv_b_weight: torch.Tensor, dummy: torch.Tensor,
-                   layer_name: str, v_head_dim: int) -> torch.Tensor:
-    with _caches_in_context(layer_name, kv_cache=kv_cache):
-        return paged_attention.unified_mla_attention._init_fn(q, kv_b_weight, dummy, layer_name, v_head_dim)
-
-
-@_mla_attention.register_fake
-def _(q, kv_cache, kv_b_weight, dummy, layer_name, v_head_dim):
-    return q.new_empty(q.size(0), q.size(1), v_head_dim)
-
-
-@torch.library.custom_op("mla_fuse_arguments::unified_kv_cache_update", mutates_args=("key_cache", "value_cache"))
-def _mha_update(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                layer_name: str, kv_cache_dtype: str) -> torch.Tensor:
-    with _caches_in_context(layer_name, key_cache=key_cache, value_cache=value_cache):
-        return unified_ops.unified_kv_cache_update._init_fn(key, value, layer_name, kv_cache_dtype)
-
-
-@_mha_update.register_fake
-def _(key, value, key_cache, value_cache, layer_name, kv_cache_dtype):
-    return key.new_empty(0)
-
-
-@torch.library.custom_op("mla_fuse_arguments::unified_attention", mutates_args=())
-def _mha_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, dummy: torch.Tensor,
-                   layer_name: str, v_head_size: int) -> torch.Tensor:
-    with _caches_in_context(layer_name, key_cache=key_cache, value_cache=value_cache):
-        return paged_attention.unified_attention._init_fn(query, dummy, layer_name, v_head_size)
-
-
-@_mha_attention.register_fake
-def _(query, key_cache, value_cache, dummy, layer_name, v_head_size):
-    return query.new_empty(query.size(0), query.size(1), v_head_size)
+_mla_update = _with_cache_arguments(
+    "unified_mla_kv_cache_update",
+    "(Tensor kv_c, Tensor k_pe, Tensor(a2!) kv_cache, str layer_name, str kv_cache_dtype, Tensor k_scale) -> Tensor",
+    unified_ops.unified_mla_kv_cache_update)
+_mla_attention = _with_cache_arguments(
+    "unified_mla_attention",
+    "(Tensor q, Tensor kv_cache, Tensor kv_b_weight, Tensor dummy, str layer_name, SymInt v_head_dim) -> Tensor",
+    paged_attention.unified_mla_attention)
+_mha_update = _with_cache_arguments(
+    "unified_kv_cache_update",
+    "(Tensor key, Tensor value, Tensor(a2!) key_cache, Tensor(a3!) value_cache, str layer_name, str kv_cache_dtype) "
+    "-> Tensor",
+    unified_ops.unified_kv_cache_update)
+_mha_attention = _with_cache_arguments(
+    "unified_attention",
+    "(Tensor query, Tensor key_cache, Tensor value_cache, Tensor dummy, str layer_name, SymInt v_head_size) -> Tensor",
+    paged_attention.unified_attention)
 
 
 def mla_attend_with_cache_arguments(self, q, kv_c_normed, k_pe):

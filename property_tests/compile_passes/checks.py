@@ -12,17 +12,17 @@ import uuid
 
 import torch
 
-import mla_fuse.compile as mc
+import mla_fuse.compile as mc  # not `compile`: Python's builtin
 from mla_fuse_conformance.cases.engine_caches import EngineCaches, build_caches, pools_bitwise_equal
 from mla_fuse_conformance.compile_passes.cases import CompileCase, describe
 from mla_fuse_conformance.compile_passes.inspection import (
-    ATTENTION, CACHE_KERNEL, FUSED_KERNEL, PASS_NAME, counting_kernel_calls, result_differences,
+    ATTENTION, CACHE_KERNEL, FUSED_KERNEL, PASS_NAME, counting_kernel_calls, layer_of, result_differences,
 )
 from mla_fuse_conformance.compile_passes.models import build_model, make_step, run, same_weights, Step
 from mla_fuse_conformance.compile_passes.opcheck import check_update_ops
 from mla_fuse_conformance.contract.implementation import pass_mutants
 from mla_fuse_conformance.running.devices import allocated_bytes, kernels_device
-from mla_fuse_conformance.running.events import event as harness_event
+from mla_fuse_conformance.running.events import event
 
 GROWTH_LIMIT = 0.05  # a step may allocate at most 5% of the bytes a cache grows by (a copy is >= 100%)
 FP8_STORAGE = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
@@ -139,27 +139,20 @@ def _op_name(node: torch.fx.Node) -> str | None:
     return target._schema.name.partition("::")[2]
 
 
-def _layer(node: torch.fx.Node) -> str:
-    if node.target is torch.ops.higher_order.auto_functionalized:
-        return node.kwargs["layer_name"]
-    from mla_fuse.passes.fx_utils import call_args
-    return call_args(node)["layer_name"]
-
-
 def graph_problems(case: CompileCase, graph: torch.fx.Graph) -> list[str]:
     """Per layer: one in-place fused node (before its attention) if fused, else its unfused update."""
     problems, nodes = [], list(graph.nodes)
     order = {node: i for i, node in enumerate(nodes)}
     for name, kind, fused in zip(case.model.layer_names, case.model.kinds, case.expected_fused()):
         unified, fused_name = UPDATE_NAMES[kind]
-        mine = [n for n in nodes if _op_name(n) in (unified, fused_name) and _layer(n) == name]
+        mine = [n for n in nodes if _op_name(n) in (unified, fused_name) and layer_of(n) == name]
         wanted = fused_name if fused else unified
         if [_op_name(n) for n in mine] != [wanted]:
             problems.append(f"{name}: expected one {wanted} node, the graph has {[_op_name(n) for n in mine]}")
             continue
         if fused and mine[0].target is torch.ops.higher_order.auto_functionalized:
             problems.append(f"{name}: the fused node was left functional (auto_functionalized)")
-        attention = [n for n in nodes if n.target is ATTENTION[kind] and _layer(n) == name]
+        attention = [n for n in nodes if n.target is ATTENTION[kind] and layer_of(n) == name]
         if any(order[a] < order[mine[0]] for a in attention):
             problems.append(f"{name}: attention runs before the cache write")
     return problems
@@ -297,7 +290,7 @@ def check_planted(run, case: CompileCase) -> None:
     properties' examples are: failure file, in-flight file, hang watchdog); a failure record names
     the pass mutant planted in the process, if any, which ``mla-fuse repro`` plants again."""
     for text in describe(case):  # (the run has noted the case; these also work outside hypothesis)
-        harness_event(text)
+        event(text)
     try:
         check_compile_case(case)
     except Exception as error:

@@ -12,6 +12,7 @@ import torch
 
 from mla_fuse import ops
 from mla_fuse.layers import unified_ops
+from mla_fuse.passes.fx_utils import call_args
 from mla_fuse_conformance.cases.engine_caches import EngineCaches, pools_bitwise_equal
 
 FUSED_MLA = unified_ops.FUSED_MLA_UPDATE
@@ -75,7 +76,6 @@ def native_rope_nodes(graph: torch.fx.Graph) -> int:
 
 def layer_of(node: torch.fx.Node) -> str:
     """The ``layer_name`` argument of one of our ops' calls."""
-    from mla_fuse.passes.fx_utils import call_args
     if node.target is torch.ops.higher_order.auto_functionalized:
         return node.kwargs["layer_name"]
     return call_args(node)["layer_name"]
@@ -111,8 +111,6 @@ def counting_kernel_calls():
 
 def assert_same_results(result, expected, caches: EngineCaches, expected_caches: EngineCaches) -> None:
     """Output, every layer's q and k and every byte of every cache pool, bit for bit."""
-    from mla_fuse_conformance.cases.engine_caches import pools_bitwise_equal
-
     problems = result_differences(result, expected) + pools_bitwise_equal(caches, expected_caches)
     assert not problems, "\n".join(problems)
 

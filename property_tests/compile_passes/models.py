@@ -25,7 +25,7 @@ import dataclasses
 import torch
 from torch import nn
 
-import mla_fuse.compile as mc
+import mla_fuse.compile as mc  # not `compile`: Python's builtin
 from mla_fuse.layers import LayerKVCache, RotaryEmbedding, set_forward_context
 from mla_fuse_conformance.cases.engine_caches import CacheLayout, EngineCaches, MhaCacheSpec, MlaCacheSpec, build_caches
 from mla_fuse_conformance.compile_passes.layers import LAYER_CLASSES, POSITIONS, InverseRope, make_rope

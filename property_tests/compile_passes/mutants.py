@@ -19,8 +19,9 @@ from typing import Callable, Iterator
 from unittest import mock
 
 import torch
+from torch._inductor.fx_passes.post_grad import view_to_reshape
 
-import mla_fuse.compile as mc
+import mla_fuse.compile as mc  # not `compile`: Python's builtin
 from mla_fuse.layers import unified_ops
 from mla_fuse.layers.mha import MHAAttention
 from mla_fuse.layers.mla import MLAAttention
@@ -249,7 +250,6 @@ def _inserting(op):
 
 def _test_backend_form(gm):
     """The form the patterns had before: views as reshapes, none of Inductor's joint-graph rewrites."""
-    from torch._inductor.fx_passes.post_grad import view_to_reshape
     view_to_reshape(gm)
 
 

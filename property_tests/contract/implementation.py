@@ -47,6 +47,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
+import importlib.metadata
 import os
 import sys
 import types
@@ -85,8 +86,6 @@ MUTANT_PREFIX = "mutant:"
 
 def distribution_of(top_module: str) -> tuple[str, str] | None:
     """``(distribution, version)`` of the first installed distribution that holds ``top_module``, or None."""
-    import importlib.metadata
-
     for distribution in importlib.metadata.packages_distributions().get(top_module, ()):
         try:
             return distribution, importlib.metadata.version(distribution)

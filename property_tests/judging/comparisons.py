@@ -30,6 +30,7 @@ import math
 import torch
 
 from mla_fuse_conformance.cases import memory
+# ref_*: the reference's modules, apart from the product's and the suite's values of those names
 from mla_fuse_reference import fp8 as ref_fp8
 from mla_fuse_reference.rope import pair_indices
 from mla_fuse_reference.rounding import FLOAT_FORMATS

@@ -16,6 +16,7 @@ import torch
 
 from mla_fuse_conformance.cases import tensors
 from mla_fuse_conformance.judging.comparisons import Expectation, Fp8Region, RopeRegion, StoredCopy, rope_bound, rotation_terms
+# ref_*: the reference's modules, apart from the product's and the suite's values of those names
 from mla_fuse_reference import fp8 as ref_fp8
 from mla_fuse_reference import ops as ref_ops
 from mla_fuse_reference.rope import rope_exact

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from mla_fuse_conformance.declarations.options import (SET_BY_MLA_FUSE_ENV_VAR, TRITON_INTERPRET_ENV_VAR,
                                                         users_triton_interpret)
@@ -94,6 +95,7 @@ def kernels_device() -> torch.device:
     """The device mla_fuse's kernels run on in this process (``mla_fuse.kernels.BACKEND``): the current
     CUDA device when they run on the GPU, else the CPU (Triton's interpreter runs on CPU tensors). The
     compile-pass models, caches and steps are built here: a GPU process refuses CPU tensors by name."""
+    # deferred: mla_fuse.kernels chooses its backend when first imported, after triton_kernels_for_the_run
     from mla_fuse.kernels import BACKEND
 
     return torch.device("cuda", torch.cuda.current_device()) if BACKEND == "gpu" else torch.device("cpu")
@@ -114,8 +116,6 @@ def allocated_bytes(step, device: torch.device | str | None = None) -> int:
         step()
         torch.cuda.synchronize(device)
         return torch.cuda.memory_stats(device).get("allocated_bytes.all.allocated", 0) - before
-    from torch.profiler import ProfilerActivity, profile
-
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
     return sum(max(event.self_cpu_memory_usage, 0) for event in prof.events())

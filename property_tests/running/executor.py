@@ -27,6 +27,7 @@ import signal
 import time
 from typing import Callable
 
+import torch
 from hypothesis.errors import UnsatisfiedAssumption
 
 from mla_fuse_conformance.cases import types as case_types
@@ -148,6 +149,7 @@ class Executor:
         a deployment of an engine layout the implementation serves, run as it is (``harness.PropertyRun``).
         ``budget``: the seconds the caller has left; an example still running when they are spent is
         killed and ``OutOfTime`` raised (none left: raised before it starts)."""
+        # deferred: a measured start-up cost of this module's importers (docs/STARTUP.md)
         from mla_fuse_conformance.running.harness import property_named
 
         if self.check is not None:
@@ -225,11 +227,11 @@ class Executor:
 
 
 def _serve(connection, impl_spec: str, device_name: str, require: tuple[str, ...], cwd: str, progress) -> None:
-    import torch
-
-    from mla_fuse_conformance.running.harness import NotProvided, property_named
+    # deferred: the child's imports, a measured start-up cost of this module's importers (docs/STARTUP.md);
+    # the fork server has imported the harness already (PRELOAD)
     from mla_fuse_conformance.contract.implementation import load_implementation
     from mla_fuse_conformance.running import outputs
+    from mla_fuse_conformance.running.harness import NotProvided, property_named
 
     os.chdir(cwd)
     impl = load_implementation(impl_spec, require)

@@ -33,6 +33,7 @@ import os
 import pathlib
 
 import triton
+from triton.runtime.interpreter import InterpretedFunction
 
 
 def load_jit_functions(path: pathlib.Path, decorated: dict[str, list[str]], namespace: dict, interpreted: bool,
@@ -49,8 +50,6 @@ def load_jit_functions(path: pathlib.Path, decorated: dict[str, list[str]], name
     scope = _compiled(path, decorated, namespace, source)
     options = {name: _jit_options(decorators) for name, decorators in decorated.items()}
     if interpreted:
-        from triton.runtime.interpreter import InterpretedFunction
-
         built = {name: InterpretedFunction(scope[name], **options[name]) for name in decorated}
     else:
         built = {name: triton.runtime.jit.JITFunction(scope[name], **options[name]) for name in decorated}

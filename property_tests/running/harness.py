@@ -28,7 +28,7 @@ import importlib
 from typing import Callable
 
 import pytest
-from hypothesis import assume, example
+from hypothesis import assume, example, settings
 from hypothesis.errors import UnsatisfiedAssumption
 
 from mla_fuse_conformance.cases import corruptions, strategies
@@ -210,8 +210,6 @@ class PropertyRun:
 def bad_input_examples(per_corruption: int) -> int:
     """Examples of each corruption: ``per_corruption``, more under profiles with more examples
     (1/25 of their ``max_examples``; the plugin loads the profile before the suite is imported)."""
-    from hypothesis import settings
-
     return max(per_corruption, settings.default.max_examples // 25)
 
 

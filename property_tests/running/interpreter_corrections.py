@@ -43,6 +43,9 @@ import functools
 import numpy as np
 import torch
 import triton.language as tl
+from triton._C.libtriton import ir
+from triton.runtime import interpreter
+from triton.runtime.interpreter import TensorHandle
 
 # fp8 format (torch dtype) -> largest finite magnitude
 FINITE_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
@@ -67,8 +70,6 @@ def _bf16_bits(values: np.ndarray) -> np.ndarray:
 def exact_convert_float(original, data, input_dtype, output_dtype, rounding_mode):
     """Triton's ``interpreter._convert_float`` with corrections 1 and 2 (module docstring); any other
     conversion goes to ``original``."""
-    from triton._C.libtriton import ir
-
     if input_dtype == tl.bfloat16 and output_dtype == tl.float32:
         return _widened(data, input_dtype).view(np.uint32)
     if input_dtype == tl.float32 and output_dtype == tl.bfloat16 and rounding_mode in (None, ir.ROUNDING_MODE.RTNE):
@@ -85,8 +86,6 @@ def exact_convert_float(original, data, input_dtype, output_dtype, rounding_mode
 def corrected_binary_op(builder, original, lhs, rhs, op):
     """``InterpreterBuilder.binary_op`` with corrections 3 and 4: bf16 operands computed on their values,
     a comparison's result held as ``int1``."""
-    from triton.runtime.interpreter import TensorHandle
-
     bf16 = lhs.dtype.scalar == tl.bfloat16 and rhs.dtype.scalar == tl.bfloat16
     if op in COMPARISONS:
         operands = (_widened(lhs.data, tl.bfloat16), _widened(rhs.data, tl.bfloat16)) if bf16 else (lhs.data, rhs.data)
@@ -101,22 +100,16 @@ def corrected_unary_op(builder, original, arg, op):
     """``InterpreterBuilder.unary_op`` computing on the values of a bfloat16 operand (correction 3)."""
     if arg.dtype.scalar != tl.bfloat16:
         return original(builder, arg, op)
-    from triton.runtime.interpreter import TensorHandle
-
     result = np.asarray(op(_widened(arg.data, tl.bfloat16)))
     return TensorHandle(_bf16_bits(result) if result.dtype == np.float32 else result, tl.bfloat16)
 
 
 def _current():
     """The interpreter's functions the corrections replace, as they are now."""
-    from triton.runtime import interpreter
-
     return interpreter._convert_float, interpreter.InterpreterBuilder.binary_op, interpreter.InterpreterBuilder.unary_op
 
 
 def _install(functions) -> None:
-    from triton.runtime import interpreter
-
     interpreter._convert_float, interpreter.InterpreterBuilder.binary_op, interpreter.InterpreterBuilder.unary_op = \
         functions
 

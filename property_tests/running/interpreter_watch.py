@@ -78,7 +78,7 @@ class InterpreterWatch:
 
     def install(self) -> "InterpreterWatch":
         """Wrap the interpreter's grid announcements (once per process: a later watch replaces the earlier)."""
-        try:
+        try:  # deferred: a measured start-up cost (the command line imports this module; docs/STARTUP.md)
             from triton.runtime import interpreter
         except ImportError:  # no Triton: nothing is interpreted
             return self

@@ -41,9 +41,12 @@ import sys
 import sysconfig
 from typing import Callable
 
+import hypothesis
+
 from mla_fuse_conformance.cases import types as case_types
 from mla_fuse_conformance.declarations.options import TRITON_INTERPRET_ENV_VAR, users_triton_interpret
-from mla_fuse_conformance.running import interpreter_watch
+from mla_fuse_conformance.running import failure_text, interpreter_watch
+from mla_fuse_conformance.settings import database, profiles
 
 FAILURE_DIR_ENV = "MLA_FUSE_FAILURE_DIR"
 REPORT_DIR_ENV = "MLA_FUSE_REPORT_DIR"
@@ -190,7 +193,7 @@ class Recorder:
         and arm the hang watchdog (see the module docstring). Its feature values are counted
         (a bad-input example's are not: its operation refuses it)."""
         if self.stats is not None and not isinstance(case, case_types.BadInputCase):
-            from mla_fuse_conformance.cases.features import features
+            from mla_fuse_conformance.cases.features import features  # deferred: torch (docs/STARTUP.md)
 
             self.stats.exercised(features(case, prop.rotates))
         self.watch.start(interpreter_watch.budget(getattr(prop, "timeout_factor", 1)))
@@ -230,14 +233,12 @@ class Recorder:
     def failed(self, prop, impl, device, case, error: BaseException) -> None:
         """Keep the failure record of ``case``, and tie it to ``error``: the example hypothesis reports is
         found from its exception (``failure_text.reported``), not taken to be the last one that failed."""
-        from mla_fuse_conformance.running import failure_text
-
         self.last_failure = failure_record(prop, impl, device, case, error)
         failure_text.attach(error, self.last_failure)
 
     @staticmethod
     def record(prop, impl, device, case) -> dict:
-        from mla_fuse_conformance.cases.features import features
+        from mla_fuse_conformance.cases.features import features  # deferred: torch (docs/STARTUP.md)
 
         base = getattr(case, "base", case)
         return {"property": prop.name, "operations": list(prop.operations), "impl": impl.spec, "device": str(device),
@@ -257,7 +258,7 @@ def adapter_directory(spec: str | None) -> str | None:
     """The directory an outside adapter's module was imported from (the ``sys.path`` entry that
     holds it), unless installed packages live there: what a command run from another directory
     needs on ``PYTHONPATH``. None for the registered implementations and the suite's own modules."""
-    from mla_fuse_conformance.contract.implementation import BUILT_IN
+    from mla_fuse_conformance.contract.implementation import BUILT_IN  # deferred: torch (docs/STARTUP.md)
 
     if not spec or spec in BUILT_IN or spec.startswith("mutant:") or ":" not in spec:
         return None
@@ -298,10 +299,14 @@ def import_path(spec: str | None) -> list[str]:
     return list(dict.fromkeys(str(path) for path in absolute if path.is_dir() and path not in installed))
 
 
+def assignments(variables: dict[str, str]) -> str:
+    """``NAME=VALUE `` for each variable, shell-quoted, in order: what a printed command sets before it runs."""
+    return "".join(f"{name}={shlex.quote(value)} " for name, value in variables.items())
+
+
 def python_with(pythonpath: list[str]) -> str:
     """``[PYTHONPATH=DIRS ]/abs/python``: how a printed command starts (``python_command``)."""
-    prefix = f"PYTHONPATH={shlex.quote(os.pathsep.join(pythonpath))} " if pythonpath else ""
-    return prefix + python_command()
+    return assignments({"PYTHONPATH": os.pathsep.join(pythonpath)} if pythonpath else {}) + python_command()
 
 
 def recorded_import_path(record: dict | None) -> list[str]:
@@ -322,15 +327,13 @@ def replay_command(path: pathlib.Path, record: dict | None = None) -> str:
         except (OSError, ValueError):
             record = None
     shown = str(pathlib.Path(path).absolute())
-    environment = "".join(f"{name}={shlex.quote(value)} " for name, value in (record or {}).get("environment", {}).items())
+    environment = assignments((record or {}).get("environment", {}))
     return (f"{environment}{python_with(recorded_import_path(record))} -m mla_fuse_conformance repro "
             f"{shlex.quote(shown)}")
 
 
 def save_failure(failure: dict, nodeid: str, profile: str) -> pathlib.Path:
     """Write ``failure`` (from ``Recorder.failed``) as a replayable file; return its path."""
-    import hypothesis
-
     text = json.dumps(failure["case"], sort_keys=True)
     digest = hashlib.sha1((failure["property"] + failure["impl"] + text).encode()).hexdigest()[:10]
     short = failure["property"].rpartition(":")[2]
@@ -364,21 +367,18 @@ def database_prefix(profile: str) -> str:
     """``MLA_FUSE_HYPOTHESIS_DB=DIR `` where ``profile`` is one of the suite's that keeps an example database
     and the database is a directory, else "" (``mla_fuse.ci`` is derandomized and regenerates the case; a
     Redis URL is left to the shell, its password unprinted; another profile's database is not ours)."""
-    from mla_fuse_conformance.settings import database, profiles
-
     url = os.environ.get(database.DATABASE_ENV_VAR)
     if profile not in map(profiles.full_name, profiles.NAMES) or profile == profiles.full_name("ci") \
             or database.is_redis_url(url):
         return ""
     directory = pathlib.Path(url) if url else database.DEFAULT_DIRECTORY
-    return f"{database.DATABASE_ENV_VAR}={shlex.quote(str(directory.absolute()))} "
+    return assignments({database.DATABASE_ENV_VAR: str(directory.absolute())})
 
 
 def describe_failure(failure: dict, path: pathlib.Path, nodeid: str, profile: str) -> str:
     """The text shown under a failing property: what failed, seed, the one case (``failure_text.case_note``:
     which it is), the worst elements of a wrong result, and how to replay it."""
-    from mla_fuse_conformance.cases.features import describe
-    from mla_fuse_conformance.running import failure_text
+    from mla_fuse_conformance.cases.features import describe  # deferred: torch (docs/STARTUP.md)
 
     case = case_types.from_jsonable(failure["case"])
     seed = case.base.seed if isinstance(case, case_types.BadInputCase) else case.seed

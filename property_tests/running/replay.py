@@ -27,6 +27,7 @@ import os
 import pathlib
 import sys
 
+import torch
 from hypothesis.errors import UnsatisfiedAssumption
 
 from mla_fuse_conformance.cases import types as case_types
@@ -66,8 +67,6 @@ def load(path: str) -> dict:
 def _device(record: dict, device: str | None) -> str:
     if device is not None:
         return device
-    import torch
-
     recorded = record.get("device", "cpu")
     return "cpu" if recorded.startswith("cuda") and not torch.cuda.is_available() else recorded
 

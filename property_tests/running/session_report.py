@@ -10,6 +10,9 @@ import pathlib
 
 import pytest
 
+from mla_fuse_conformance.running import recording
+from mla_fuse_conformance.settings import profiles
+
 SKIP_PREFIX = "Skipped: "  # pytest's display of a skip's text in a report's longrepr (the exception class's name)
 
 
@@ -19,9 +22,7 @@ class SessionReport:
 
     def __init__(self, config, directory: pathlib.Path) -> None:
         self.config = config
-        from mla_fuse_conformance.running.recording import OUTCOMES_FILE
-
-        self.path = directory / OUTCOMES_FILE
+        self.path = directory / recording.OUTCOMES_FILE
 
     def pytest_runtest_logreport(self, report):
         if not (report.when == "call" or report.outcome != "passed"):
@@ -42,9 +43,6 @@ class SessionReport:
     def pytest_handlecrashitem(self, crashitem, report, sched):
         """xdist: a worker died running ``crashitem``; the example it was running is in its in-flight
         file. Save it as a failure file, attributed to the property and the case's features."""
-        from mla_fuse_conformance.running import recording
-        from mla_fuse_conformance.settings import profiles
-
         found = crashed_example(crashitem)
         if found is None:
             return
@@ -78,8 +76,6 @@ def crashed_example(nodeid: str) -> tuple[dict, str] | None:
     """The in-flight example a dead process left for test ``nodeid`` (and remove it), with the
     thread stacks its hang watchdog wrote ("" when it crashed rather than hung); else the
     example of that test that finished last (``record["finished"]``), else None."""
-    from mla_fuse_conformance.running import recording
-
     directory = recording.failure_dir()
     for pattern, finished in (("inflight-*.json", False), ("inflight-*.finished", True)):
         for path in sorted(directory.glob(pattern)):

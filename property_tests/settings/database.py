@@ -52,8 +52,12 @@ import zipfile
 from urllib.parse import urlsplit
 
 import hypothesis
+from hypothesis import settings
 from hypothesis.database import (DirectoryBasedExampleDatabase, ExampleDatabase, MultiplexedDatabase,
-                                 ReadOnlyDatabase)
+                                 ReadOnlyDatabase, choices_from_bytes)
+from hypothesis.internal.reflection import function_digest
+
+from mla_fuse_conformance.settings.legacy_keys import legacy_key
 
 DATABASE_ENV_VAR = "MLA_FUSE_HYPOTHESIS_DB"
 READ_ONLY_ENV_VAR = "MLA_FUSE_HYPOTHESIS_DB_READ_ONLY"
@@ -95,7 +99,7 @@ def open_shared(url: str | None, source: str = f"${DATABASE_ENV_VAR}") -> Exampl
 
 
 def _open_redis(url: str, source: str) -> ExampleDatabase:
-    try:
+    try:  # deferred: an optional dependency (the fuzz extra)
         from redis import Redis
 
         from hypothesis.extra.redis import RedisExampleDatabase
@@ -216,8 +220,6 @@ class VersionStampedDatabase(ExampleDatabase):
 
 
 def stale_message(key: bytes, values: list[bytes], writers: set[bytes], version: bytes) -> str:
-    from hypothesis.database import choices_from_bytes
-
     unreadable = sum(choices_from_bytes(value) is None for value in values)
     written = ", ".join(sorted(writer.decode(errors="replace") for writer in writers))
     return (f"{len(values)} saved example(s) under database key {key[:24].hex()}... were written by hypothesis "
@@ -240,7 +242,7 @@ def check_reachable(url: str | None, source: str) -> None:
     database = open_shared(url, source)
     if not is_redis_url(url):
         return
-    from redis.exceptions import RedisError
+    from redis.exceptions import RedisError  # deferred: an optional dependency (the fuzz extra)
 
     try:
         database.redis.ping()
@@ -268,11 +270,6 @@ def key_by_suite_node_id(item, bad_input: bool | None = None, databases=None) ->
     test.inner_test._hypothesis_internal_add_digest = node.encode()
     if bad_input is None:
         return
-    from hypothesis import settings
-    from hypothesis.internal.reflection import function_digest
-
-    from mla_fuse_conformance.settings.legacy_keys import legacy_key
-
     if databases is None:
         chosen = (settings.default, getattr(item.obj, "_hypothesis_internal_use_settings", None))
         databases = [each.database for each in chosen if each is not None]

@@ -28,7 +28,7 @@ import os
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.internal.conjecture import engine
 
-from mla_fuse_conformance.settings import database as example_database
+from mla_fuse_conformance.settings import database as example_database  # `database`: a local below
 
 PREFIX = "mla_fuse."
 NAMES = ("dev", "ci", "gpu", "nightly", "replay")

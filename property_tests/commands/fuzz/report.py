@@ -38,7 +38,7 @@ def pytest_replay_command(nodeid: str, options) -> str:
     directory = not database.is_redis_url(options.db)
     db = str(pathlib.Path(options.db).absolute()) if options.db and directory else database.shown(options.db)
     python = recording.python_with(recording.import_path(options.spec))
-    return (f"{database.DATABASE_ENV_VAR}={shlex.quote(db)} {python} -m pytest --pyargs mla_fuse_conformance "
+    return (f"{recording.assignments({database.DATABASE_ENV_VAR: db})}{python} -m pytest --pyargs mla_fuse_conformance "
             f"--mla-fuse-impl={shlex.quote(options.spec)} -k {shlex.quote(test)} "
             f"--hypothesis-profile={profiles.full_name('replay')}")
 
