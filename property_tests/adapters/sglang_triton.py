@@ -71,6 +71,9 @@ import typing
 import torch
 import triton
 import triton.language as tl
+from triton.language import standard
+from triton.runtime.interpreter import InterpretedFunction
+from triton.runtime.jit import JITFunction
 
 from mla_fuse import kernels as mla_fuse_kernels
 
@@ -205,9 +208,6 @@ def interpreted_helpers():
     kernel: "Cannot call @triton.jit'd outside of the scope of a kernel"), as with ``TRITON_INTERPRET=1`` set
     first; restored on exit."""
     import triton.experimental.gluon  # noqa: F401 (imported lazily by a launch, it wraps these as they are)
-    from triton.language import standard
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
 
     originals = [(module, name, getattr(module, name)) for module in (tl, standard) for name in LANGUAGE_HELPERS
                  if isinstance(getattr(module, name, None), JITFunction)]

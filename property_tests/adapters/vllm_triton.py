@@ -82,6 +82,7 @@ Not served: ``vllm-flash`` calls ``vllm._custom_ops.reshape_and_cache_flash`` (C
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import pathlib
 
@@ -157,8 +158,6 @@ def load_kernel(path: pathlib.Path, interpreted: bool, source: str | None = None
 def capabilities_for(device_capability: tuple[int, int] | None) -> Capabilities:
     """``FLASH``, less what ``_is_supported_kv_cache_dtype`` refuses on a GPU of ``device_capability``
     (None: the interpreter, no check)."""
-    import dataclasses
-
     refused = set()
     if device_capability is not None:
         if device_capability < (8, 9):
