@@ -30,6 +30,7 @@ OUTSIDE = "outside declared limits"
 
 def run_compare(impl_specs: list[str], operations: list[str], cases: int, profile: str,
                 report_dir: pathlib.Path, seed: int) -> int:
+    # after the CLI parsed its arguments, as verify (docs/STARTUP.md): these load torch and Triton
     from mla_fuse_conformance.contract.implementation import ImplementationError, load_implementation
     from mla_fuse_conformance.running.devices import select_device, triton_kernels_for_the_run
 

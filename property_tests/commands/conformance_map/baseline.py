@@ -131,6 +131,7 @@ def report_ids(path: pathlib.Path, report: dict | None = None) -> tuple[set[str]
             "failing tests count as new")
     if report.get("schema") == 2:
         return {cell["id"] for cell in report.get("cells", [])}, note
+    # schema 1 only: property_map loads torch, which reading a schema-2 baseline does not need
     from mla_fuse_conformance.commands.conformance_map.property_map import Cell
 
     return {cell_id(found["property"], cell["kind"], Cell(**cell).title())

@@ -50,7 +50,7 @@ class WorkerState(dict):
 
 
 def main(pytest_args: list[str]) -> int:
-    from hypofuzz import detection
+    from hypofuzz import detection  # the [fuzz] extra: `mla-fuse` starts without HypoFuzz
     from hypofuzz.collection import collect_tests
     from hypofuzz.hypofuzz import FuzzWorker
 

@@ -79,14 +79,14 @@ def worker_environment(options, device: str | None, read_only: bool, inflight: p
 
 
 def cuda_devices() -> list[str]:
-    import torch
+    import torch  # not at start: `mla-fuse fuzz` loads torch only where a worker needs it
 
     return [f"cuda:{index}" for index in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
 
 
 def worker_devices(workers: int, gpus: list[str]) -> list[str | None]:
     """Worker i on GPU i (round robin), unless ``$MLA_FUSE_DEVICE`` already chooses, or there is none."""
-    from mla_fuse_conformance.running.devices import DEVICE_ENV_VAR
+    from mla_fuse_conformance.running.devices import DEVICE_ENV_VAR  # imports torch: not at start
 
     if not gpus or os.environ.get(DEVICE_ENV_VAR):
         return [None] * workers
@@ -138,7 +138,7 @@ def start_workers(options, devices: list[str | None], out_dir: pathlib.Path) -> 
 
 def process_tree(workers: list[Worker], known: set[int]) -> set[int]:
     """The pids of the workers and their children (HypoFuzz forks the fuzzing process)."""
-    import psutil
+    import psutil  # the [fuzz] extra
 
     pids = set(known)
     for worker in workers:
@@ -167,7 +167,7 @@ def every_property_failed(workers: list[Worker], db, window: CampaignWindow) -> 
 def worker_counts(db, window: CampaignWindow, owned: list[set[int]]) -> list[tuple[int, int]]:
     """Per worker (``owned``: the pids of each worker's processes), the inputs its HypoFuzz loop has
     run in this campaign and the properties it has failed, from HypoFuzz's latest reports."""
-    from hypofuzz.database import HypofuzzDatabase
+    from hypofuzz.database import HypofuzzDatabase  # the [fuzz] extra: `mla-fuse` starts without HypoFuzz
     from hypofuzz.database.database import test_keys_key
     from hypothesis.internal.conjecture.data import Status
 

@@ -10,10 +10,9 @@ import sys
 
 from mla_fuse_conformance.commands.report import document
 from mla_fuse_conformance.commands.report import html
-
 from mla_fuse_conformance.commands.report import markdown
-
 from mla_fuse_conformance.commands.report import sources
+from mla_fuse_conformance.commands.repro import script
 
 
 def write(report_dir: pathlib.Path, step_summary: str | None = None) -> list[pathlib.Path]:
@@ -47,7 +46,6 @@ def relocate_failure_files(report_dir: pathlib.Path, report: dict) -> int:
 def reproduce(report_dir: pathlib.Path) -> None:
     """``mla-fuse report --reproducers DIR``: write and run a reproducer per failing cell of a
     schema-2 report that has none yet (as ``verify`` does), then the views."""
-    from mla_fuse_conformance.commands.repro import script
 
     report = sources.read_json(pathlib.Path(report_dir) / sources.REPORT_FILE)
     if report is None or report.get("schema", 1) < 2:
