@@ -14,8 +14,10 @@ with what was established before the budget ran out, and says where it was cut s
   before that step, none of its exclusions.
 
 Every conjunct whose necessity was not checked gets the verdict ``NOT_CHECKED`` and reads ``(not
-shown needed)``; a rate not measured reads as such; ``Diagnosis.cut_short`` names the step, and every
-view says so (``identity.cut_short_note``).
+shown needed)``; a rate not measured reads as such; the cell admits the failing case's own feature
+values only (the heat map colours nothing else for it); ``Diagnosis.cut_short`` names the step, and
+every view says so (``identity.cut_short_note``). So it is for the cell of any round, and for a
+test run's failing case the map diagnoses (``property_map._known_failures``).
 """
 
 from __future__ import annotations
@@ -33,14 +35,15 @@ STEPS = {"shrinking": "shrinking its failing case", "feature values": "finding i
 
 class CutShort(OutOfTime):
     """The budget ran out while the cell of ``case`` (failed with ``error``) was being derived: what
-    was established by then (module docstring). ``passed``: the feature values of the passing
-    examples of the search that found it, when it was cut while shrinking."""
+    was established by then (module docstring): ``needed``, the feature values shown needed so far;
+    ``diagnosis``, the diagnosis as the step left it; ``passed``, the feature values of the passing
+    examples of the search that found it, when it was cut while shrinking; ``source``, the cell's."""
 
     def __init__(self, case, error: BaseException, step: str, needed: dict[str, str] | None = None,
-                 diagnosis: Diagnosis | None = None, passed: list[dict] | None = None) -> None:
+                 diagnosis: Diagnosis | None = None, passed: list[dict] | None = None, source: str = "shrunk") -> None:
         super().__init__()
         self.case, self.error, self.step, self.diagnosis = case, error, step, diagnosis
-        self.needed, self.passed, self.source = dict(needed or {}), list(passed or ()), "shrunk"
+        self.needed, self.passed, self.source = dict(needed or {}), list(passed or ()), source
 
 
 def diagnosis(stop: CutShort) -> Diagnosis:

@@ -216,9 +216,7 @@ def _cell(prop, impl, device, run_example: Callable, strategy, case, error, sour
         holds.exclude_passing_values(prop, impl, strategy, run_example, diagnosis, case, cell)
     except OutOfTime:
         step = "necessity" if step == "rate" and diagnosis.necessity is not None else step
-        stop = cut_short.CutShort(case, error, step, cell, before or diagnosis)
-        stop.source = source
-        raise stop from None
+        raise cut_short.CutShort(case, error, step, cell, before or diagnosis, source=source) from None
     return _saved_cell(prop, _failure(prop, impl, device, case, error, cell, diagnosis.describe()),
                        dataclasses.asdict(diagnosis), source)
 
