@@ -22,7 +22,9 @@ from mla_fuse_conformance.commands.conformance_map.baseline import failed_test_i
 from mla_fuse_conformance.commands.conformance_map.diagnosis import NOT_CHECKED, Diagnosis
 from mla_fuse_conformance.commands.conformance_map.identity import cut_short_note
 from mla_fuse_conformance.commands.conformance_map.property_map import map_property
+from mla_fuse_conformance.commands import progress
 from mla_fuse_conformance.commands.report import document, html, markdown
+from mla_fuse_conformance.commands.verify import maps
 from mla_fuse_conformance.commands.report.defects import defects
 from mla_fuse_conformance.commands.report.markup import text
 from mla_fuse_conformance.contract.implementation import load_implementation
@@ -187,3 +189,30 @@ def test_a_budget_spent_after_the_holds_check_narrowed_a_cell_keeps_it_as_measur
     assert diagnosis.cut_short == cut_short.STEPS["holds"] and diagnosis.rate[0] == diagnosis.rate[1] > 0
     assert POSITIVE in diagnosis.condition and "a written value positive: yes (not shown needed)" in diagnosis.describe()
     assert not any(entry["verdict"] == "excluded" or "moved_to" in entry for entry in diagnosis.necessity)
+
+
+def test_verify_s_map_keeps_the_cell_its_budget_cut_while_shrinking(user_dir):  # noqa: F811
+    """``verify``'s map of one property (``verify/maps.map_one``: each example given the seconds left,
+    ``Executor.run``'s ``budget``), here one second an example once the first failure was met: the
+    budget runs out while hypothesis shrinks it, and the map has that cell, cut short, with a replay
+    file that reproduces; its printed line says so."""
+    impl, prop = load_implementation("adapters_here:SecondHeadsWrong"), property_named(ROPE_PROPERTY)
+    clock, failed, printed = [0.0], [], []
+
+    class Budgeted:  # Executor.run's budget: OutOfTime when the caller's seconds are spent
+        def run(self, name, case, within_limits=True, budget=None):
+            if budget is not None and budget <= 0:
+                raise OutOfTime()
+            clock[0] += 1.0 if failed else 0.0
+            try:
+                prop.run(impl, torch.device("cpu"), case)
+            except AssertionError:
+                failed.append(case)
+                raise
+
+    found = maps.map_one(prop.name, impl, "cpu", Budgeted(), [], 40, 2, (), progress.Progress(printed.append, False),
+                         5.0, lambda: clock[0])
+    assert found.stopped == "budget" and len(found.cells) == 1, found.lines()
+    assert found.cells[0].diagnosis["cut_short"] == cut_short.STEPS["shrinking"]
+    assert printed[-1].endswith(": 1 failing cells\n"), printed
+    assert repro.replay(json.loads(open(found.cells[0].file).read())) == repro.REPRODUCED
