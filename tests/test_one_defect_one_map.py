@@ -153,7 +153,8 @@ def test_a_carried_cell_confirmed_by_the_test_run_is_not_run_again_in_the_search
 def test_a_map_out_of_time_mid_round_keeps_the_cells_it_completed():
     """``verify --map-seconds`` spent during a round (``OutOfTime`` from ``run_example``, as
     ``Executor.run`` raises it): the map stops there, its completed cell kept, marked stopped at
-    the budget; the cell being derived is dropped, not reported half-diagnosed."""
+    the budget; a round cut before its search met a failure adds no cell (one cut while a cell is derived
+    keeps that cell, cut short: tests/test_map_cut_short.py)."""
     from mla_fuse_conformance.running.executor import OutOfTime
 
     steps = []

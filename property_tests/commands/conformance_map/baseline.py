@@ -77,9 +77,11 @@ def failed_test_id(line: dict) -> str:
 
 
 def covered(failure: dict, cells: list[dict]) -> bool:
-    """Whether a cell of ``failure``'s property and kind has feature values the failure has."""
+    """Whether a cell of ``failure``'s property and kind has feature values the failure has (not one
+    whose diagnosis the map's time budget cut short: ``cut_short``)."""
     features = failure.get("features") or {}
-    return any(cell["property"] == failure.get("property") and kind_family(cell["kind"]) == kind_family(failure["kind"])
+    return any(cell["property"] == failure.get("property") and not cell.get("cut_short")
+               and kind_family(cell["kind"]) == kind_family(failure["kind"])
                and all(features.get(axis) == value for axis, value in (cell["condition"]["features"] or {}).items())
                for cell in cells)
 
@@ -87,8 +89,9 @@ def covered(failure: dict, cells: list[dict]) -> bool:
 def failing_ids(cells: list[dict], outcomes: list[dict], unmapped: tuple[dict, ...] | list[dict] = ()) -> list[str]:
     """Every way a run failed: its cells' ids, then the failing tests no cell covers. ``unmapped``: a
     baseline's cells of the properties this run did not map (``--map-seconds``, a signal): a failure
-    inside one of them counts as that cell's id."""
-    found = list(dict.fromkeys(cell["id"] for cell in cells))
+    inside one of them counts as that cell's id. A cell whose diagnosis was cut short (``cut_short``) has
+    no id here: its failing tests count by their own, so no verdict hangs on how far a diagnosis got."""
+    found = list(dict.fromkeys(cell["id"] for cell in cells if not cell.get("cut_short")))
     for line in outcomes:
         if line["outcome"] != "failed":
             continue

@@ -49,6 +49,8 @@ FAILURES = (AssertionError, RaisedInChild, Crashed)
 # relations a failure of a write needs trivially (nothing written, nothing wrong): listed last, and
 # the fields they explain summarized in one line
 PRECONDITIONS = ("some slot written (slot >= 0)", "tokens > 0")
+# a conjunct's necessity verdict where the map's time budget ran out before it was checked (``cut_short.py``)
+NOT_CHECKED = "not checked"
 SEEDS = 3  # a value passes when the example passes with this many seeds (a NaN can hide a wrong element)
 RATE_EXAMPLES = 12  # random cases inside a cell to measure its failure rate
 CARRIED_RATE_EXAMPLES = 6  # ... inside a cell another property's map derived, confirmed here (one defect, one map)
@@ -113,6 +115,7 @@ class Diagnosis:
     refined_from: list[int] | None = None  # the rate before relations splitting its cases narrowed the cell
     necessity: list[dict] | None = None  # per conjunct checked: {conjunct, inside, outside, verdict} (necessity.py)
     admits: dict[str, list[str]] | None = None  # per feature axis the values the condition admits (admits.py)
+    cut_short: str | None = None  # the step the map's time budget ran out in (cut_short.py), else None
 
     @classmethod
     def from_dict(cls, data: dict) -> "Diagnosis":
@@ -122,7 +125,8 @@ class Diagnosis:
 
     def describe(self) -> str:
         parts = []
-        unshown = [entry["conjunct"] for entry in self.necessity or () if entry["verdict"] == "unconfirmed"]
+        unshown = [entry["conjunct"] for entry in self.necessity or ()
+                   if entry["verdict"] in ("unconfirmed", NOT_CHECKED)]
         for conjunct in sorted(self.condition, key=lambda c: c[1] in PRECONDITIONS and c[2] == "yes"):
             kind, name, value = conjunct
             if kind == "relation":
@@ -133,7 +137,7 @@ class Diagnosis:
                 parts.append(f"{name} {' or '.join(value)}")
             if conjunct in unshown:
                 parts[-1] += " (not shown needed)"
-        return "; ".join(parts) or "(any case)"
+        return "; ".join(parts) or ("no condition established" if self.cut_short else "(any case)")
 
     def forget_relation(self, name: str) -> None:
         """``name`` no longer a relation of the cell: out of ``relations``, and no field explained by it."""
@@ -144,7 +148,9 @@ class Diagnosis:
 
     def rate_text(self) -> str:
         if not self.rate or not self.rate[1]:
-            return "failure rate not measured (no random case inside the cell was drawn)"
+            why = ("the map's time budget ran out first" if self.cut_short and not self.rate
+                   else "no random case inside the cell was drawn")
+            return f"failure rate not measured ({why})"
         failing, tried = self.rate
         text = f"fails {failing}/{tried} random cases inside it"
         if self.refined_from:

@@ -12,6 +12,7 @@ non-negative (``ValueSpec.sign``), and where that passes the condition gains ``a
 negative: yes``; likewise the positive values. Each exclusion is recorded in ``necessity`` with
 the verdict ``excluded`` and the values' runs; the cell's failure rate is then measured again
 inside the narrowed condition and its ``admits`` read again. The kernels' cases only (``KERNEL_CASES``).
+Two cells of a map that one defect split are joined the same way (``joined``, ``join_split_cells``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from mla_fuse_conformance.cases.types import FlashCase, MlaCase, RopeCase
 from mla_fuse_conformance.commands.conformance_map.admits import admitted
 from mla_fuse_conformance.commands.conformance_map.diagnosis import (SEEDS, Diagnosis, _base, inside, measure, outcome,
                                                                      relations_of)
+from mla_fuse_conformance.commands.conformance_map.identity import kind_family
 from mla_fuse_conformance.commands.conformance_map.necessity import LEVEL, fails_less_often
 
 EXCLUDED = "excluded"
@@ -146,3 +148,26 @@ def joined(prop, impl, strategy, run_example: Callable, first: tuple[Diagnosis, 
         return None
     cell.admits = admitted(prop, impl, case, cell.condition, needed)
     return cell
+
+
+def join_split_cells(prop, impl, strategy, run_example: Callable, cells: list, cases: list,
+                     on_step: Callable[[str], None]) -> None:
+    """Cells of a map (``property_map.Cell``; ``cases``: the failing case of each) that the rounds found
+    apart, of one defect (``joined``), given one diagnosis: one title, so one entry
+    (``PropertyMap.merged``, report.json), each keeping its replay file."""
+    for later in range(1, len(cases)):
+        for earlier in range(later):
+            first, second = cells[earlier], cells[later]
+            if (first.diagnosis is None or second.diagnosis is None or first.diagnosis is second.diagnosis
+                    or kind_family(first.kind) != kind_family(second.kind)):
+                continue
+            on_step(f"cells {earlier + 1} and {later + 1}: one defect?")
+            one = joined(prop, impl, strategy, run_example,
+                         (Diagnosis.from_dict(first.diagnosis), cases[earlier], first.features),
+                         (Diagnosis.from_dict(second.diagnosis), cases[later], second.features))
+            if one is not None:
+                shared, before = dataclasses.asdict(one), first.diagnosis  # cells joined before share ``before``
+                for cell in cells[:later + 1]:
+                    if cell.diagnosis is before or cell is second:
+                        cell.diagnosis = shared
+                break

@@ -29,6 +29,7 @@ from typing import Callable
 from mla_fuse_conformance.cases import fields as case_fields
 from mla_fuse_conformance.commands.conformance_map.diagnosis import (PRECONDITIONS, Diagnosis, _base, measure,
                                                                      relations_of)
+from mla_fuse_conformance.running.executor import OutOfTime
 
 WIDEN_TRIES = 3  # replacements of a too-narrow conjunct measured, at most
 LEVEL = 0.05  # the one-sided p-value below which the outside failing less often is taken as shown
@@ -97,41 +98,47 @@ def check_conjuncts(prop, impl, strategy, run_example: Callable, diagnosis: Diag
     checked, condition, inside = [], list(diagnosis.condition), list(diagnosis.rate)
     own = _with_fields(failing_case) if failing_case is not None else None
     pending, seen = list(condition), []
-    while pending:
-        conjunct = pending.pop(0)
-        seen.append(conjunct)
-        others = [c for c in condition if c is not conjunct]
-        members: list = []
-        cases: list = []
-        outside, _ = measure_rate(prop, impl, strategy, run_example, others + [negated(conjunct)], failing_case,
-                                  members=members, member_cases=cases)
-        if not outside[1]:  # a precondition (nothing written, no token) leaves the operation nothing to do
-            verdict = PRECONDITION if conjunct[0] == "relation" and conjunct[1:] in PRECONDITION_VALUES else UNCONFIRMED
-        elif fails_less_often(inside, outside) < LEVEL:
-            verdict = NEEDED
-        else:
-            verdict = DROPPED
-        entry = {"conjunct": conjunct, "inside": inside, "outside": outside, "verdict": verdict}
-        checked.append(entry)
-        described = [(None if relations is None else {**relations, FIELDS: case_fields.leaves(case)}, fails)
-                     for (relations, fails), case in zip(members, cases)]
-        widen = verdict == NEEDED and outside[0]
-        candidates = wider(conjunct, own, described, own and own.get(FIELDS)) if widen else []
-        for replacement in [c for c in candidates if c not in condition and c not in seen][:WIDEN_TRIES]:
-            rate, _ = measure_rate(prop, impl, strategy, run_example, others + [replacement], failing_case)
-            if rate[1] and fails_less_often(inside, rate) >= LEVEL:
-                entry.update(verdict=WIDENED, to=replacement, widened_rate=rate)
-                if conjunct[0] == "relation":  # measured, not seen to separate the cases the diagnosis tried
-                    diagnosis.forget_relation(conjunct[1])
-                condition = [replacement if c is conjunct else c for c in condition]
-                inside = rate
-                pending.append(replacement)
-                break
-        if verdict == DROPPED and others:
-            restored = [c for c in _restored(diagnosis, conjunct) if c not in others]
-            condition = others + restored
-            pending += restored
-            inside, _ = measure_rate(prop, impl, strategy, run_example, condition, failing_case)
+    try:
+        while pending:
+            conjunct = pending.pop(0)
+            seen.append(conjunct)
+            others = [c for c in condition if c is not conjunct]
+            members: list = []
+            cases: list = []
+            outside, _ = measure_rate(prop, impl, strategy, run_example, others + [negated(conjunct)], failing_case,
+                                      members=members, member_cases=cases)
+            if not outside[1]:  # a precondition (nothing written, no token) leaves the operation nothing to do
+                precondition = conjunct[0] == "relation" and conjunct[1:] in PRECONDITION_VALUES
+                verdict = PRECONDITION if precondition else UNCONFIRMED
+            elif fails_less_often(inside, outside) < LEVEL:
+                verdict = NEEDED
+            else:
+                verdict = DROPPED
+            entry = {"conjunct": conjunct, "inside": inside, "outside": outside, "verdict": verdict}
+            checked.append(entry)
+            described = [(None if relations is None else {**relations, FIELDS: case_fields.leaves(case)}, fails)
+                         for (relations, fails), case in zip(members, cases)]
+            widen = verdict == NEEDED and outside[0]
+            candidates = wider(conjunct, own, described, own and own.get(FIELDS)) if widen else []
+            for replacement in [c for c in candidates if c not in condition and c not in seen][:WIDEN_TRIES]:
+                rate, _ = measure_rate(prop, impl, strategy, run_example, others + [replacement], failing_case)
+                if rate[1] and fails_less_often(inside, rate) >= LEVEL:
+                    entry.update(verdict=WIDENED, to=replacement, widened_rate=rate)
+                    if conjunct[0] == "relation":  # measured, not seen to separate the cases the diagnosis tried
+                        diagnosis.forget_relation(conjunct[1])
+                    condition = [replacement if c is conjunct else c for c in condition]
+                    inside = rate
+                    pending.append(replacement)
+                    break
+            if verdict == DROPPED and others:
+                restored = [c for c in _restored(diagnosis, conjunct) if c not in others]
+                condition = others + restored
+                pending += restored
+                inside = None  # until measured: a cut-short cell then has no rate
+                inside, _ = measure_rate(prop, impl, strategy, run_example, condition, failing_case)
+    except OutOfTime:  # the map's time budget (--map-seconds): the verdicts reached kept (cut_short.py)
+        diagnosis.necessity, diagnosis.condition, diagnosis.rate = checked, condition, inside
+        raise
     diagnosis.necessity = checked
     if condition != diagnosis.condition:
         diagnosis.condition, diagnosis.rate = condition, inside

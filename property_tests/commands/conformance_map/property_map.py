@@ -33,8 +33,9 @@ from mla_fuse_conformance.cases.features import AXIS, axes_of, describe, feature
 from mla_fuse_conformance.commands.conformance_map import diagnosis as diagnosing
 from mla_fuse_conformance.commands.conformance_map.diagnosis import _base
 from mla_fuse_conformance.commands.conformance_map import known_cells
-from mla_fuse_conformance.commands.conformance_map import holds, identity, refinement
+from mla_fuse_conformance.commands.conformance_map import cut_short, holds, refinement
 from mla_fuse_conformance.commands.conformance_map.admits import admitted
+from mla_fuse_conformance.commands.conformance_map.identity import cut_short_note
 
 FAILURES = diagnosing.FAILURES
 STOPPED_AT = {"budget": "the map's time budget (--map-seconds)"}
@@ -103,14 +104,16 @@ class PropertyMap:
             else:
                 diagnosis = diagnosing.Diagnosis.from_dict(cell.diagnosis)
                 out.append(f"  fails   {diagnosis.describe()}: {kinds}; {diagnosis.rate_text()}"
-                           + SOURCE_NOTES.get(cell.source, "").format(found_by=cell.found_by))
+                           + SOURCE_NOTES.get(cell.source, "").format(found_by=cell.found_by)
+                           + cut_short_note(diagnosis.cut_short))
                 out += diagnosis.lines()
                 if diagnosis.pair and diagnosis.pair.get("file"):
                     pair = diagnosis.pair
                     out.append(f"          pair one field apart: {pair['field']} {pair['failing']} fails, "
                                f"{pair['field']} {pair['passing']} passes; the failing one:")
                     out.append(f"          replay: {recording.replay_command(pathlib.Path(pair['file']))}")
-                axes = " | ".join(dict.fromkeys(describe(c.features) for c in group))
+                axes = " | ".join(dict.fromkeys(describe(c.features) if c.features or not diagnosis.cut_short
+                                                else "none shown" for c in group))
                 out.append(f"          feature axes: {axes}")
             out += [f"          {'worst:' if not index else '      '} {line[:300]}"
                     for index, line in enumerate(failure_text.worst_lines(cell.error))]
@@ -154,6 +157,10 @@ def search(prop, strategy, run_example: Callable, exclude: list[dict], max_examp
 
     try:
         explore()
+    except OutOfTime:  # the map's time budget, with a failing case found: shrunk as far as it got (cut_short.py)
+        if "case" in last:
+            raise cut_short.CutShort(last["case"], last["error"], "shrinking", passed=passed) from None
+        raise
     except FAILURES as error:
         return last.get("case"), error, passed
     except FlakyFailure:
@@ -166,11 +173,12 @@ def search(prop, strategy, run_example: Callable, exclude: list[dict], max_examp
     return None, None, passed
 
 
-def failing_cell(prop, impl, run_example: Callable, case) -> dict[str, str]:
-    """The feature values of ``case`` its failure needs (see the module docstring, step 2)."""
+def failing_cell(prop, impl, run_example: Callable, case, cell: dict[str, str] | None = None) -> dict[str, str]:
+    """The feature values of ``case`` its failure needs (see the module docstring, step 2), added to
+    ``cell`` (a new dict by default) as each is shown (what a cut-short cell keeps)."""
     base = _base(case)
     found = features(base, prop.rotates)
-    cell = {}
+    cell = {} if cell is None else cell
     for axis in axes_of(base, prop.rotates):
         value = found.get(axis.name)
         if value is None:
@@ -186,24 +194,49 @@ def failing_cell(prop, impl, run_example: Callable, case) -> dict[str, str]:
 def _cell(prop, impl, device, run_example: Callable, strategy, case, error, source: str = "shrunk",
           on_step: Callable[[str], None] = lambda text: None) -> Cell:
     """A failing cell of ``case``: its feature-axis cell, its diagnosis in its own fields with the
-    failure rate inside it, and its replay file (``on_step``: told each step as it starts)."""
-    on_step(f"{recording.failure_kind(error)}, finding its feature values")
-    cell = failing_cell(prop, impl, run_example, case)
-    on_step(f"{describe(cell)}, finding its trigger")
-    diagnosis = diagnosing.diagnose(prop, impl, run_example, case)
-    on_step(f"{diagnosis.describe()}, measuring its failure rate")
-    refinement.measure_and_refine(prop, impl, strategy, run_example, diagnosis, case)
-    on_step(f"{diagnosis.describe()} (fails {'/'.join(map(str, diagnosis.rate or [0, 0]))})")
-    if diagnosis.pair:
-        diagnosis.pair["file"] = _pair_file(prop, impl, device, run_example, diagnosis.pair)
-    diagnosis.admits = admitted(prop, impl, case, diagnosis.condition, cell)
-    on_step(f"{diagnosis.describe()}, running it at each value it admits")
-    holds.exclude_passing_values(prop, impl, strategy, run_example, diagnosis, case, cell)
-    failure = dict(recording.failure_record(prop, impl, device, case, error), cell=cell,
-                   trigger=diagnosis.describe())
+    failure rate inside it, and its replay file (``on_step``: told each step as it starts). The map's
+    time budget spent on the way (``OutOfTime``) raises ``cut_short.CutShort`` with what was shown."""
+    cell, diagnosis, step, before = {}, None, "feature values", None
+    try:
+        on_step(f"{recording.failure_kind(error)}, finding its feature values")
+        failing_cell(prop, impl, run_example, case, cell)
+        on_step(f"{describe(cell)}, finding its trigger")
+        step = "trigger"
+        diagnosis = diagnosing.diagnose(prop, impl, run_example, case)
+        on_step(f"{diagnosis.describe()}, measuring its failure rate")
+        step = "rate"
+        refinement.measure_and_refine(prop, impl, strategy, run_example, diagnosis, case)
+        on_step(f"{diagnosis.describe()} (fails {'/'.join(map(str, diagnosis.rate or [0, 0]))})")
+        step = "pair"
+        if diagnosis.pair:
+            diagnosis.pair["file"] = _pair_file(prop, impl, device, run_example, diagnosis.pair)
+        diagnosis.admits = admitted(prop, impl, case, diagnosis.condition, cell)
+        on_step(f"{diagnosis.describe()}, running it at each value it admits")
+        step, before = "holds", cut_short.snapshot(diagnosis)
+        holds.exclude_passing_values(prop, impl, strategy, run_example, diagnosis, case, cell)
+    except OutOfTime:
+        step = "necessity" if step == "rate" and diagnosis.necessity is not None else step
+        raise cut_short.CutShort(case, error, step, cell, before or diagnosis, source=source) from None
+    return _saved_cell(prop, _failure(prop, impl, device, case, error, cell, diagnosis.describe()),
+                       dataclasses.asdict(diagnosis), source)
+
+
+def _failure(prop, impl, device, case, error, cell: dict[str, str], trigger: str) -> dict:
+    """The failure record of a cell's failing case (``cell``: its feature values; ``trigger``: its condition)."""
+    failure = dict(recording.failure_record(prop, impl, device, case, error), cell=cell, trigger=trigger)
     if getattr(error, "flaky", False):
         failure["kind"] += ", not the same on replay"
-    return _saved_cell(prop, failure, dataclasses.asdict(diagnosis), source)
+    return failure
+
+
+def _cut_cell(prop, impl, device, stop: cut_short.CutShort) -> Cell:
+    """The cell being derived when the map's time budget ran out, with what was shown by then
+    (``cut_short.py``); it admits the failing case's own feature values only (the heat map's squares)."""
+    found = cut_short.diagnosis(stop)
+    found.admits = {axis: [value] for axis, value in features(_base(stop.case), prop.rotates).items()}
+    failure = dict(_failure(prop, impl, device, stop.case, stop.error, stop.needed, found.describe()),
+                   cut_short=found.cut_short)
+    return _saved_cell(prop, failure, dataclasses.asdict(found), stop.source)
 
 
 def _saved_cell(prop, failure: dict, diagnosis: dict | None, source: str) -> Cell:
@@ -241,7 +274,7 @@ def map_property(prop, impl, device, run_example: Callable, max_examples: int, r
     ``on_step``: told each step (``round 2/6, cell 3: CONDITION (fails 4/4)``) as it starts;
     ``out_of_time``: asked before each round after the first; true stops the map there. A
     ``running.executor.OutOfTime`` from ``run_example`` stops it where it is, the cells complete so
-    far kept."""
+    far kept, and the one being shrunk or diagnosed kept as far as it got (``cut_short.py``)."""
     entries = [*baseline, *(entry for entry in found if known_cells.applies(entry, prop))]
     sorter = known_cells.Sorter(run_example, prop.rotates, entries)
     run_example = sorter if entries else run_example
@@ -261,9 +294,7 @@ def map_property(prop, impl, device, run_example: Callable, max_examples: int, r
             case, error, passed = search(prop, strategy, run_example, exclude, max_examples,
                                          conditions=tuple(c.diagnosis["condition"] for c in cells if c.diagnosis))
             examples += len(passed) + (case is not None)
-            for seen in passed:
-                for axis, value in seen.items():
-                    passing[axis][value] += 1
+            _count(passing, passed)
             if case is None:
                 complete = True
                 break
@@ -275,14 +306,18 @@ def map_property(prop, impl, device, run_example: Callable, max_examples: int, r
             if not cells[-1].features:  # every case tried fails: nothing left to map
                 complete = True
                 break
-        _join_split_cells(prop, impl, strategy, run_example, cells, cases, on_step)
+        holds.join_split_cells(prop, impl, strategy, run_example, cells, cases, on_step)
         for confirmed in sorter.confirm(known) if entries else []:
             carried.append(_carried(prop, impl, device, confirmed, strategy, sorter.run_example, on_step))
         if not cells and not carried:
             outside = tuple(case for case in known if not sorter.inside(case))
             note = _known_failures(prop, impl, device, run_example, strategy, outside, cells, examples)
-    except OutOfTime:  # verify's --map-seconds spent during a round: the cells complete so far are kept
+    except OutOfTime as stop:  # verify's --map-seconds spent during a round: the cells complete so far are kept
         stopped, complete = "budget", False
+        if isinstance(stop, cut_short.CutShort):  # and the one being derived, as far as it got
+            cells.append(_cut_cell(prop, impl, device, stop))
+            examples += len(stop.passed) + (stop.step == "shrinking")
+            _count(passing, stop.passed)
     order = {name: index for index, name in enumerate(AXIS)}
     ordered = {axis: dict(sorted(counts.items(), key=lambda item: AXIS[axis].values.index(item[0])))
                for axis, counts in sorted(passing.items(), key=lambda item: order.get(item[0], 99))}
@@ -290,26 +325,11 @@ def map_property(prop, impl, device, run_example: Callable, max_examples: int, r
                        note=note or None, stopped=stopped)
 
 
-def _join_split_cells(prop, impl, strategy, run_example: Callable, cells: list[Cell], cases: list,
-                      on_step: Callable[[str], None]) -> None:
-    """Cells of one defect that the rounds found apart (``holds.joined``) given one diagnosis: one
-    title, so one entry (``PropertyMap.merged``, report.json), each keeping its replay file."""
-    for later in range(1, len(cases)):
-        for earlier in range(later):
-            first, second = cells[earlier], cells[later]
-            if (first.diagnosis is None or second.diagnosis is None or first.diagnosis is second.diagnosis
-                    or identity.kind_family(first.kind) != identity.kind_family(second.kind)):
-                continue
-            on_step(f"cells {earlier + 1} and {later + 1}: one defect?")
-            one = holds.joined(prop, impl, strategy, run_example,
-                               (diagnosing.Diagnosis.from_dict(first.diagnosis), cases[earlier], first.features),
-                               (diagnosing.Diagnosis.from_dict(second.diagnosis), cases[later], second.features))
-            if one is not None:
-                joined, before = dataclasses.asdict(one), first.diagnosis  # cells joined before share ``before``
-                for cell in cells[:later + 1]:
-                    if cell.diagnosis is before or cell is second:
-                        cell.diagnosis = joined
-                break
+def _count(passing: dict[str, collections.Counter], passed: list[dict]) -> None:
+    """Add the feature values of a search's passing examples to ``passing`` (axis -> value -> examples)."""
+    for seen in passed:
+        for axis, value in seen.items():
+            passing[axis][value] += 1
 
 
 def _carried(prop, impl, device, known: known_cells.KnownCell, strategy, run_example: Callable,

@@ -4,6 +4,7 @@ implementations side by side (``comparison.json``, written by ``mla-fuse compare
 
 from __future__ import annotations
 
+from mla_fuse_conformance.commands.conformance_map.identity import cut_short_note
 from mla_fuse_conformance.commands.report.markup import section, table, text
 
 RESULTS = ("pass", "fail", "crash", "hang", "outside declared limits")
@@ -60,11 +61,12 @@ def cells(report: dict) -> str:
         return section("cells", "Failing cells", f'<p class="note">{note}</p>')
     marks = [baseline_mark(report, cell) for cell in found]
     rows = [[f'<a href="#cell-{index}">{index + 1}</a>', text(", ".join(cell.get("operations") or [])),
-             text((cell.get("condition") or {}).get("text")), text(cell.get("kind")),
+             text(condition_text(cell)), text(cell.get("kind")),
              (' class="rate"', text(rate_text(cell.get("rate")))), text(cell.get("status")),
              *([(f' class="{mark}"', text(mark))] if any(marks) else [])]
             for index, (cell, mark) in enumerate(zip(found, marks))]
     attrs = [f' data-cell-id="{text(cell.get("id"))}"' + (f' data-baseline="{mark}"' if mark else "")
+             + (f' data-cut-short="{text(cell["cut_short"])}"' if cell.get("cut_short") else "")
              for cell, mark in zip(found, marks)]
     headers = ["#", "operations", "condition", "kind", "fails", "status", *(["baseline"] if any(marks) else [])]
     summary = table(headers, rows, "cells-table", attrs)
@@ -72,11 +74,16 @@ def cells(report: dict) -> str:
                                                               for index, cell in enumerate(found)))
 
 
+def condition_text(cell: dict) -> str:
+    """A cell's condition as text, and where its diagnosis was cut short (``identity.cut_short_note``)."""
+    return f"{(cell.get('condition') or {}).get('text')}{cut_short_note(cell.get('cut_short'))}"
+
+
 def cell_detail(report: dict, cell: dict, index: int) -> str:
     condition, replay = cell.get("condition") or {}, cell.get("replay") or {}
     features = ", ".join(f"{axis} {value}" for axis, value in (condition.get("features") or {}).items())
     rows = [("id", text(cell.get("id"))), ("property", text(cell.get("property"))),
-            ("condition", text(condition.get("text"))), ("feature values", text(features or "(any case)")),
+            ("condition", text(condition_text(cell))), ("feature values", text(features or ("none shown" if cell.get("cut_short") else "(any case)"))),
             ("kind", text(cell.get("kind"))), ("error", f'<pre class="error">{text(cell.get("error"))}</pre>'),
             ("worst elements", worst(cell.get("worst"))),
             ("fails", f"{text(rate_text(cell.get('rate')))} random cases inside it"
@@ -88,7 +95,7 @@ def cell_detail(report: dict, cell: dict, index: int) -> str:
             ("reproducer", reproducer(cell.get("reproducer"))), ("baseline", text(baseline_mark(report, cell)))]
     body = table([], [[text(name), value] for name, value in rows if value], f"cell-{index}-table")
     return (f'<section class="cell" id="cell-{index}" data-cell-id="{text(cell.get("id"))}">'
-            f'<h3>{index + 1}. {text(cell.get("property"))}: {text(condition.get("text"))}</h3>'
+            f'<h3>{index + 1}. {text(cell.get("property"))}: {text(condition_text(cell))}</h3>'
             f"{body}{fields(cell)}</section>")
 
 

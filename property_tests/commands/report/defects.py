@@ -17,12 +17,13 @@ conjuncts), never guessed from the text:
 Cell A implies cell B where each conjunct of B is implied by a conjunct of A (A's cases are B's
 cases). A cell of feature values only implies another where its values include the other's. The
 groups are the connected parts of that relation; each is shown by its widest condition (one every
-other member implies, else the first found).
+other member implies, else the first found). A cell whose diagnosis the map's time budget cut short
+(``cut_short``: its condition not all shown) is a defect of its own, joined to none.
 """
 
 from __future__ import annotations
 
-from mla_fuse_conformance.commands.conformance_map.identity import kind_family
+from mla_fuse_conformance.commands.conformance_map.identity import cut_short_note, kind_family
 
 
 def _conjunct_implies(mine: list, theirs: list) -> bool:
@@ -61,6 +62,7 @@ def defects(cells: list[dict]) -> list[dict]:
     groups: list[list[dict]] = []
     for cell in cells:
         joined = [group for group in groups if kind_family(group[0]["kind"]) == kind_family(cell["kind"])
+                  and not cell.get("cut_short") and not group[0].get("cut_short")
                   and any(implies(cell, member) or implies(member, cell) for member in group)]
         merged = [member for group in joined for member in group] + [cell]
         groups = [group for group in groups if not any(group is other for other in joined)]
@@ -69,7 +71,7 @@ def defects(cells: list[dict]) -> list[dict]:
     out = []
     for group in groups:
         widest = next((member for member in group if all(implies(other, member) for other in group)), group[0])
-        out.append({"condition": widest["condition"]["text"], "kind": widest["kind"],
+        out.append({"condition": widest["condition"]["text"], "kind": widest["kind"], "cut_short": widest.get("cut_short"),
                     "cells": [member["id"] for member in group],
                     "properties": list(dict.fromkeys(member["property"] for member in group)),
                     "operations": list(dict.fromkeys(op for member in group for op in member.get("operations") or ()))})
@@ -90,6 +92,7 @@ def console_lines(report: dict) -> list[str]:
     out = [f"defects: {count_line(found, cells)}"]
     for number, entry in enumerate(found, 1):
         properties = entry.get("properties") or []
-        out.append(f"  {number}. {entry['condition']} ({entry['kind']}): {len(entry['cells'])} cell(s) in "
+        out.append(f"  {number}. {entry['condition']}{cut_short_note(entry.get('cut_short'))} ({entry['kind']}): "
+                   f"{len(entry['cells'])} cell(s) in "
                    f"{len(properties)} propert{'y' if len(properties) == 1 else 'ies'}: {', '.join(properties)}")
     return out

@@ -83,7 +83,8 @@ def cells(maps: list) -> list[dict]:
                 "pair": pair and {key: pair.get(key) for key in ("field", "passing", "failing", "file")},
                 "fields": diagnosis.get("fields"), "relations": diagnosis.get("relations"),
                 "necessity": diagnosis.get("necessity"), "admits": diagnosis.get("admits"),
-                "source": cell.source, "found_by": cell.found_by, "replay": replay(cell.file)})
+                "source": cell.source, "found_by": cell.found_by, "replay": replay(cell.file),
+                "cut_short": diagnosis.get("cut_short")})
             by_id[identity] = found[-1]
     return found
 
@@ -184,10 +185,11 @@ def deployments(outcomes: list[dict], maps: list) -> list[dict]:
 
 
 def cell_of(failure: dict, mapped: list[dict]) -> str | None:
-    """The id of the map's cell of ``failure``'s property whose feature values it has, or None."""
+    """The id of the map's cell of ``failure``'s property whose feature values it has, or None (a cell
+    whose diagnosis was cut short names no failure: its feature values are not all known)."""
     features = failure.get("features") or {}
     for cell in mapped:
-        if cell["property"] == failure.get("property") and \
+        if cell["property"] == failure.get("property") and not cell.get("cut_short") and \
                 all(features.get(axis) == value for axis, value in cell["condition"]["features"].items()):
             return cell["id"]
     return None

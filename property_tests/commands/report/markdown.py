@@ -12,7 +12,7 @@ import collections
 import pathlib
 
 from mla_fuse_conformance.commands.report import sources
-from mla_fuse_conformance.commands.report.cells import baseline_mark, map_text, rate_text
+from mla_fuse_conformance.commands.report.cells import baseline_mark, condition_text, map_text, rate_text
 from mla_fuse_conformance.commands.report.defects import count_line
 from mla_fuse_conformance.declarations.operations import OPERATIONS
 from mla_fuse_conformance.running import recording
@@ -87,7 +87,7 @@ def cells(report: dict) -> list[str]:
     if not found:
         return failures(report)
     marks = bool(report.get("baseline")) or any(entry.get("known") is not None for entry in found)
-    table = [[", ".join(entry.get("operations") or []), (entry.get("condition") or {}).get("text"), entry.get("kind"),
+    table = [[", ".join(entry.get("operations") or []), condition_text(entry), entry.get("kind"),
               rate_text(entry.get("rate")), *([baseline_mark(report, entry)] if marks else []),
               code((entry.get("replay") or {}).get("command"))] for entry in found]
     headers = ["operations", "failing cell", "kind", "fails", *(["baseline"] if marks else []), "replay"]

@@ -155,9 +155,9 @@ def run_maps(impl, outcomes: list[dict], profile: str, phase: MapPhase, phases: 
 def found_before(maps: list) -> list[dict]:
     """The cells the maps so far derived themselves (not carried), as report.json entries with
     ``found_by``: each next map sorts them out first and carries those it confirms (one defect,
-    one map: docs/REPORT.md)."""
+    one map: docs/REPORT.md); not a cell whose diagnosis was cut short."""
     return [dict(entry, found_by=entry["property"]) for entry in document.cells(maps)
-            if entry["source"] in ("shrunk", "test run")]
+            if entry["source"] in ("shrunk", "test run") and not entry.get("cut_short")]
 
 
 def map_one(name, impl, device, executor, outcomes, max_examples, rounds, known_cells, shown, deadline, clock,
