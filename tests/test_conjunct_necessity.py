@@ -71,3 +71,21 @@ def test_a_precondition_no_case_outside_could_be_drawn_for_is_kept_unmarked():
     check_conjuncts(None, None, None, None, diagnosis, None, measure_rate=measure)
     assert [entry["verdict"] for entry in diagnosis.necessity] == [NEEDED, "precondition"]
     assert "not shown needed" not in diagnosis.describe() and written in diagnosis.condition
+
+
+def test_a_conjunct_too_few_cases_outside_could_not_show_needed_is_kept_and_marked():
+    """SGLang's short slot mapping: `slot_mapping length == tokens: no` found by the diagnosis, then one
+    case outside it drawn (0 of 1 failing): p = 1/13, so no outcome of that one case could show the
+    conjunct needed; it is kept, marked, not dropped (dropped, the cell no longer named its trigger)."""
+    short = ["relation", "slot_mapping length == tokens", "no"]
+    diagnosis = diagnosis_of([short, SIGN])
+
+    def measure(prop, impl, strategy, run_example, condition, failing_case, **members):
+        if negated(short) in condition:
+            return [0, 1], None
+        return ([0, 12] if negated(SIGN) in condition else [12, 12]), None
+    check_conjuncts(None, None, None, None, diagnosis, None, measure_rate=measure)
+    assert [entry["verdict"] for entry in diagnosis.necessity] == [UNCONFIRMED, NEEDED]
+    assert diagnosis.condition == [short, SIGN]
+    assert "slot_mapping length == tokens: no (not shown needed)" in diagnosis.describe()
+    assert fails_less_often([12, 12], [0, 1]) == 1 / 13 and fails_less_often([12, 12], [0, 2]) < 0.05

@@ -8,7 +8,9 @@ conjunct but not this one (the conjunct negated: ``field`` <-> ``field-not``, a 
 <-> ``no``). It is *needed* when those cases fail less often than the cases inside the cell, by a
 one-sided Fisher exact test at ``LEVEL`` (12 inside all failing: 4 or more of 12 outside passing);
 it is *dropped* when they fail as often (the cell widens; its rate is measured again); it is
-*unconfirmed* when no case outside it could be drawn (kept, and marked so in the cell's text), but
+*unconfirmed* when no case outside it could be drawn, or too few for the test to show it needed even had
+none of them failed (one case outside against 12 failing inside: p = 1/13), kept and marked so in the
+cell's text; but
 for a precondition (``some slot written (slot >= 0): yes``, ``tokens > 0: yes``): outside it the
 operation has nothing to do, so it is kept as a *precondition*, unmarked.
 Conjuncts are checked one at a time, each against the condition the ones before left.
@@ -112,6 +114,8 @@ def check_conjuncts(prop, impl, strategy, run_example: Callable, diagnosis: Diag
                 verdict = PRECONDITION if precondition else UNCONFIRMED
             elif fails_less_often(inside, outside) < LEVEL:
                 verdict = NEEDED
+            elif fails_less_often(inside, [0, outside[1]]) >= LEVEL:  # too few outside: none failing would not show it
+                verdict = UNCONFIRMED
             else:
                 verdict = DROPPED
             entry = {"conjunct": conjunct, "inside": inside, "outside": outside, "verdict": verdict}
