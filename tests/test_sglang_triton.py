@@ -325,7 +325,7 @@ GUARD_LINES = {"sglang/srt/mem_cache/allocator/token.py:61": "self.free_pages[:n
                "sglang/srt/layers/rotary_embedding/base.py:493": "query = query.view(tokens, -1, qk_head_dim)"}
 
 
-def test_the_caller_guards_cite_what_sglangs_lines_hold(sglang_root):
+def test_the_caller_guards_cite_what_sglangs_lines_hold(sglang_root, monkeypatch):
     """Every ``path:line`` of ``GUARDED_BY_CALLER`` (the strided-index limits SGLang's callers never reach) is
     one of ``GUARD_LINES`` and holds its text in the wheel: a new or moved citation fails here."""
     import re
@@ -333,13 +333,8 @@ def test_the_caller_guards_cite_what_sglangs_lines_hold(sglang_root):
     from mla_fuse_conformance.adapters.sglang_triton import GUARDED_BY_CALLER, package_dir
 
     if sglang_root is not None:
-        os.environ[PATH_ENV_VAR] = sglang_root
-        try:
-            root = package_dir().parent
-        finally:
-            del os.environ[PATH_ENV_VAR]
-    else:
-        root = package_dir().parent
+        monkeypatch.setenv(PATH_ENV_VAR, sglang_root)
+    root = package_dir().parent
     cited = {match for guards in GUARDED_BY_CALLER.values() for text in guards.values()
              for match in re.findall(r"sglang/[\w/]+\.py:\d+", text)}
     assert cited == set(GUARD_LINES)
