@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from mla_fuse_conformance.cases import tensors as build
 from mla_fuse_conformance.cases import strategies
 from mla_fuse_conformance.contract.capabilities import CONTRACT, Capabilities, from_declaration
-from mla_fuse_conformance.cases.types import MlaCase, RopeCase, SlotSpec, TableSpec
+from mla_fuse_conformance.cases.types import MlaCase, Placement, RopeCase, SlotSpec, TableSpec
 from mla_fuse_conformance.cases.features import AXES, AXIS, features
 from mla_fuse_conformance.declarations.operations import OPERATIONS
 
@@ -20,7 +20,7 @@ SETTINGS = settings(max_examples=25, deadline=None, database=None, derandomize=T
 ANY_CASE = st.one_of(strategies.rope_cases(), strategies.mla_cases(), strategies.flash_cases())
 RESTRICTED = Capabilities(dtypes=("bfloat16",), table_dtypes="input", position_dtypes=("int64",),
                           slot_dtypes=("int64",), query_ranks=(2,), key_optional=False, gqa=False,
-                          partial_rotary=False, input_layouts=("contiguous", "packed"),
+                          partial_rotary=False, input_layouts=("contiguous", "packed"), unpacked_heads=False,
                           kv_cache_dtypes=("auto", "fp8_e4m3"), fp8_storage=("uint8",), per_head_scales=False,
                           cache_layouts=("contiguous",), cache_orders=("HND",), empty_batch=False, nan_inputs=False,
                           strided_index_tensors=False, distinct_value_head_size=False, styles=("gptj",),
@@ -92,6 +92,35 @@ def test_pinning_an_axis_outside_the_limits():
     pinned = caps.only("positions dtype", "int32")
     assert pinned.allowed("positions dtype", None) == ("int32",)
     assert pinned.allowed("dtype", None) == caps.allowed("dtype", None)
+
+
+def test_the_head_stride_is_d_where_each_tokens_heads_are_packed():
+    """``head stride``: ``D`` for views that pad only tokens or heads (a column slice of a projection viewed
+    ``[T, H, D]``, as engines pass it) or a storage offset; ``other`` where more than one head is another stride
+    apart (the last dim padded, the outer dims in another memory order); one head has no head stride. Moving to
+    ``D`` unpads the last dim and keeps the rest; the strides are the built tensors'."""
+    axis = AXIS["head stride"]
+    case = RopeCase(seed=1, tokens=3, heads=2, kv_heads=2, head_size=8, dtype="float16", is_neox=True,
+                    table=TableSpec("plain", 8, 16), rank=3)
+    cases = {"plain": case,
+             "column slice": dataclasses.replace(case, key_place=Placement(pad=(0, 4), offset=(0, 2), lead=3)),
+             "last dim padded": dataclasses.replace(case, key_place=Placement(pad=(0, 0, 2), offset=(0, 0, 1))),
+             "tokens and heads swapped": dataclasses.replace(case, query_place=Placement(order=(1, 0, 2))),
+             "one head, last dim padded": dataclasses.replace(case, heads=1, kv_heads=1,
+                                                              key_place=Placement(pad=(0, 0, 2)))}
+    expected = {"plain": "D", "column slice": "D", "last dim padded": "other", "tokens and heads swapped": "other",
+                "one head, last dim padded": "D"}
+    for name, each in cases.items():
+        args = build.build(each, "cpu").args
+        apart = any(t.shape[1] > 1 and t.stride(1) != t.shape[2] for t in (args["query"], args["key"]))
+        assert axis.of(each) == expected[name] == ("other" if apart else "D"), name
+    moved = axis.set(cases["last dim padded"], "D")
+    assert axis.of(moved) == "D" and moved.key_place == Placement(pad=(0, 0), offset=(0, 0))
+    assert axis.set(case, "other") is None  # which input, how far apart: the strategies' business
+    assert axis.of(dataclasses.replace(case, rank=2)) is None  # rows of H * D
+    assert axis.of(MlaCase(seed=1, tokens=2, heads=2, latent=8, rotary_dim=4, dtype="bfloat16",
+                           kv_cache_dtype="auto", num_blocks=2, block_size=4, slots=SlotSpec(2),
+                           table=TableSpec("plain", 4, 8))) is None
 
 
 def test_the_defaults_are_the_whole_contract():

@@ -138,7 +138,10 @@ def test_the_declared_limits_are_the_codes(flaggems):
         "slot_mapping layout: not strided", "kv_cache_dtype: not float32, bfloat16, float16, fp8_e4m3, fp8_e5m2",
         "fp8 storage: not float8", "latent width: only 1, 2, 4, 8, 16, 32, 64, 128, 256, 512"]
     assert caps["reshape_and_cache_flash"].describe(False) == [
-        "slot_mapping layout: not strided", "value head size: not Dv != D", "kv_cache_dtype: not fp8, fp8_e4m3, fp8_e5m2"]
+        "slot_mapping layout: not strided", "head stride: not other", "value head size: not Dv != D",
+        "kv_cache_dtype: not fp8, fp8_e4m3, fp8_e5m2"]
+    assert set(flaggems().guarded_by_caller["reshape_and_cache_flash"]) == {"slot_mapping layout strided",
+                                                                           "head stride other"}
 
 
 @pytest.mark.parametrize("kv_cache_dtype", ["fp8_e4m3", "fp8_e5m2"])
@@ -226,6 +229,27 @@ def test_flash_cache_entries_are_written_as_if_packed(flaggems):
     for pool, (k, v), right in ((packed, packed.unbind(0), True), (interleaved, interleaved.unbind(2), False)):
         impl.reshape_and_cache_flash(key, -key, k, v, torch.tensor([1, 6, 3], device=DEVICE), "auto", one, one)
         assert torch.equal(k[0, 1], key[0]) == right and torch.equal(v[1, 2], -key[1]) == right, k.stride()
+
+
+def test_flash_heads_are_read_as_if_packed(flaggems):
+    """The declared ``head stride: other`` limit, guarded by vLLM's caller (``GUARDED_BY_CALLER``): the kernel reads a
+    token's key at ``token * key.stride(0) + h * D + d`` (fused/reshape_and_cache_flash.py:42), so a key whose head
+    stride is not D (each head a slice of a wider row) is read wrong, head 1 taken from right after head 0; one whose
+    token stride alone is wider (a column slice of a qkv projection viewed ``[T, Hkv, D]``, as vLLM's attention
+    layer passes it) is read right. Plain torch and the kernel, exact values."""
+    impl = flaggems()
+    tokens, heads, size = 3, 2, 4
+    parent = (torch.arange(tokens * heads * (size + 3), dtype=torch.float32, device=DEVICE) + 1).reshape(
+        tokens, heads, size + 3)
+    one = torch.ones(1, device=DEVICE)
+    sliced = parent[:, :, :size]  # head stride 7: not packed
+    column = parent.reshape(tokens, -1)[:, :heads * size].reshape(tokens, heads, size)  # head stride 4, token 14
+    for key, right in ((sliced, False), (column, True)):
+        caches = [torch.zeros(1, 4, heads, size, device=DEVICE) for _ in range(2)]
+        impl.reshape_and_cache_flash(key, key, *caches, torch.tensor([0, 1, 2], device=DEVICE), "auto", one, one)
+        assert torch.equal(caches[0][0, :tokens], key) == right, (key.stride(), caches[0][0, :tokens])
+        if not right:  # head 1 of token 0 read at offset 4: the 4 elements after head 0, not head 1's start (7)
+            assert caches[0][0, 0, 1].tolist() == parent.flatten()[4:8].tolist()
 
 
 def test_mla_fuse_verify_runs_it_on_one_models_deployments(flaggems_root, verify_one_deployment):

@@ -239,6 +239,30 @@ def test_the_fp8_cache_holds_the_fp32_rotation_not_the_written_back_key(sglang):
     assert float(a["key"][token, 1, 0]) == -0.53125 and int(got[1, 0]) == 0xB1 and int(from_written_back[1, 0]) == 0xB0
 
 
+def test_the_fp8_scale_is_applied_as_a_reciprocal(sglang):
+    """A confirmed defect, by hand (docs/upstream/sglang-fused-qk-rope-fp8-scale-reciprocal.py is the standalone
+    route): the fused kernel multiplies by ``1 / v_scale`` (fused_qk_rope_reshape_and_cache.py:424-425; 372-373 for
+    k) where CONTRACT §3 and SGLang's unfused path (``cache_v.div_(v_scale)``, memory_pool.py:2926-2931) divide.
+    float32 1.30624998 / 1.1 rounds to 1.1875, the midpoint of E4M3 1.125 and 1.25 (to even: 0x3a); the reciprocal
+    product is one float32 step below it (0x39). Through the adapter, with the run's interpreter corrections."""
+    impl = sglang()
+    value = torch.zeros(1, 1, 8, dtype=torch.float32, device=DEVICE)
+    value[0, 0, 0] = 1.306249976158142  # float32 0x3fa73333
+    query, key = torch.zeros_like(value), torch.zeros_like(value)
+    key_cache, value_cache = (torch.zeros(2, 1, 1, 8, dtype=torch.uint8, device=DEVICE) for _ in range(2))
+    v_scale = torch.tensor([1.1], dtype=torch.float32, device=DEVICE)
+    impl.rope_and_reshape_and_cache_flash(torch.tensor([0], device=DEVICE), query, key, value, key_cache, value_cache,
+                                          torch.tensor([1], device=DEVICE), rope_table(8, torch.float32), True, "fp8",
+                                          torch.ones(1, device=DEVICE), v_scale)
+    quotient, product = value[0, 0, 0] / v_scale[0], value[0, 0, 0] * (1 / v_scale[0])
+    assert float(quotient) == 1.1875 and float(product) < 1.1875  # the tie, and one float32 step below it
+    want = ref.reshape_and_cache_flash(key, value, *(torch.zeros_like(c) for c in (key_cache, value_cache)),
+                                       torch.tensor([1], device=DEVICE), "fp8", torch.ones(1, device=DEVICE), v_scale)
+    assert int(want[1][1, 0, 0, 0]) == 0x3A == int(quotient.to(torch.float8_e4m3fn).view(torch.uint8))
+    assert int(value_cache[1, 0, 0, 0]) == 0x39 == int(product.to(torch.float8_e4m3fn).view(torch.uint8))
+    assert torch.equal(value_cache[1, 0, 0, 1:], want[1][1, 0, 0, 1:]) and not key_cache.any()
+
+
 # ---------------------------------------------------------------- interpreter correction and planted kernels
 
 
@@ -300,7 +324,8 @@ def test_a_planted_bug_in_each_kernel_fails_with_the_corrections(sglang, sglang_
 
 @pytest.mark.nightly  # two fresh interpreters each (~30 s here); each defect itself is checked per change above
 @pytest.mark.parametrize("name", ["sglang-fused-qk-rope-short-slot-mapping.py",
-                                  "sglang-fused-qk-rope-fp8-cache-from-unrounded-key.py"])
+                                  "sglang-fused-qk-rope-fp8-cache-from-unrounded-key.py",
+                                  "sglang-fused-qk-rope-fp8-scale-reciprocal.py"])
 def test_the_upstream_reproducer_exits_1_on_the_defect_and_0_with_reference(sglang_root, name):
     """docs/upstream's SGLang reproducers, standalone (torch, triton and the kernel file)."""
     import pathlib

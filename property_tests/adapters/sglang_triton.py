@@ -118,10 +118,10 @@ MLA = Capabilities(kv_cache_dtypes=("auto", "float32", "bfloat16", "float16", *E
 #   reads ``slot_mapping_ptr + pid_t``, line 329, and the positions likewise, so the limit is checked);
 # * q, k and v are column slices of one qkv projection, heads packed, where SGLang calls it (``GUARDED_BY_CALLER``:
 #   the wrapper's ``return q_out.view(-1, qh * d)``, line 736, raises after the write for a query whose heads
-#   are not packed, so the limit is checked): inputs contiguous or packed.
+#   are not packed, so the limit is checked): head stride D (rows of any stride).
 FLASH = Capabilities(distinct_value_head_size=False, partial_rotary=False, head_sizes=POWERS_OF_TWO[1:],
                      block_sizes=POWERS_OF_TWO, per_head_scales=False, empty_batch=False, table_dtypes="float32",
-                     padding_slot=RESERVED_SLOT, strided_index_tensors=False, input_layouts=("contiguous", "packed"))
+                     padding_slot=RESERVED_SLOT, strided_index_tensors=False, unpacked_heads=False)
 CAPABILITIES = {"concat_and_cache_mla": MLA, "rope_and_reshape_and_cache_flash": FLASH}
 # SGLang's index tensors, contiguous by construction (sglang 0.5.23): the slots a batch writes are a prefix of
 # the allocator's one int64 free list or a fresh int64 tensor, padded for a CUDA graph by torch.cat; the
@@ -139,7 +139,7 @@ SGLANG_QKV = ("sglang/srt/models/gpt_oss.py:474 (q, k, v = qkv.split(...): colum
 GUARDED_BY_CALLER = {"concat_and_cache_mla": {"slot_mapping layout strided": SGLANG_SLOTS},
                      "rope_and_reshape_and_cache_flash": {"slot_mapping layout strided": SGLANG_SLOTS,
                                                           "positions layout strided": SGLANG_POSITIONS,
-                                                          "inputs strided": SGLANG_QKV}}
+                                                          "head stride other": SGLANG_QKV}}
 # SGLang's calls these stand in for: its MLA pool's write (the Triton branch SGLang takes below SM90) and its
 # rotary's fused rope + cache write (``sglang-rope-cache``: the same call, views and pool, which base.py:477-507
 # sends to this kernel on ROCm); every deployment of those layouts runs against them.

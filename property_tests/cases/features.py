@@ -65,6 +65,7 @@ AXES: tuple[Axis, ...] = (
     Axis("GQA", ("H = Hkv", "H > Hkv"), input_axes.gqa_of, input_axes.set_gqa, rope_only=True),
     Axis("rotary", ("full", "partial"), input_axes.rotary_of, input_axes.set_rotary, rope_only=True),
     Axis("inputs", ("contiguous", "packed", "strided"), input_axes.inputs_of, input_axes.set_inputs),
+    Axis("head stride", ("D", "other"), input_axes.head_stride_of, input_axes.set_head_stride),
     Axis("value head size", ("Dv = D", "Dv != D"), cache_axes.value_head_size_of, cache_axes.set_value_head_size),
     Axis("kv_cache_dtype", KV_CACHE_DTYPES, cache_axes.kv_cache_dtype_of, cache_axes.set_kv_cache_dtype),
     Axis("fp8 storage", FP8_STORAGES, cache_axes.fp8_storage_of, cache_axes.set_fp8_storage),

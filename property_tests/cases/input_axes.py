@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from mla_fuse_conformance.cases.memory import placed_geometry
 from mla_fuse_conformance.cases.types import FlashCase, MlaCase, Placement, RopeCase
 from mla_fuse_conformance.declarations.dtypes import FLOAT_DTYPES
 
@@ -164,6 +165,54 @@ def _placements_kind(places) -> str:
     """``contiguous`` (every input plain) or ``strided`` (some input strided, sliced or offset, each
     placed on its own: the map names which through the fields ``<input>_place.*``)."""
     return "contiguous" if all(place.is_plain() for place in places) else "strided"
+
+
+def _headed_inputs(case) -> dict[str, tuple[tuple[int, int, int], Placement]] | None:
+    """``{field: ([T, heads, size], placement)}`` of each input with a heads dim that a rope (rank 3) or MHA case
+    places on its own; None where the axis "head stride" does not apply (MLA: its q_pe is a slice of each
+    head's q, never packed; a rank-2 rope query is rows of ``H * D``)."""
+    if isinstance(case, RopeCase):
+        if case.rank != 3:
+            return None
+        found = {"query_place": ((case.tokens, case.heads, case.head_size), case.query_place)}
+        if case.kv_heads:
+            found["key_place"] = ((case.tokens, case.kv_heads, case.head_size), case.key_place)
+        return found
+    if isinstance(case, FlashCase):
+        return {"query_place": ((case.tokens, case.heads, case.head_size), case.query_place),
+                "key_place": ((case.tokens, case.kv_heads, case.head_size), case.key_place),
+                "value_place": ((case.tokens, case.kv_heads, case.value_head_size), case.value_place)}
+    return None
+
+
+def _heads_apart(shape, place: Placement) -> bool:
+    """Whether a view of ``shape`` ``[T, heads, size]`` placed as ``place`` has more than one head and heads
+    other than ``size`` elements apart (its last dim padded, or its outer dims in another memory order)."""
+    _, strides, _ = placed_geometry(shape, place)
+    return shape[1] > 1 and strides[1] != shape[2]
+
+
+def head_stride_of(case):
+    """``D``: each token's heads packed, one after another (what ``tensor.view(T, H, D)`` of a row gives,
+    whatever the row's stride: ``inputs`` contiguous, packed, and strided views that pad only tokens or
+    heads); ``other``: some input with more than one head has them another stride apart."""
+    inputs = _headed_inputs(case)
+    if inputs is None:
+        return None
+    if case.qkv_packed:
+        return "D"
+    return "other" if any(_heads_apart(shape, place) for shape, place in inputs.values()) else "D"
+
+
+def set_head_stride(case, value):
+    """To ``D``: each input's last dim unpadded and its dims in row-major order (the rest of its placement
+    kept); ``other`` is the strategies' business (which input, how far apart), as ``inputs: strided`` is."""
+    inputs = _headed_inputs(case)
+    if value != "D" or inputs is None:
+        return None
+    packed = {field: replace(place, pad=tuple(place.pad[:2]), offset=tuple(place.offset[:2]), order=())
+              for field, (_, place) in inputs.items()}
+    return replace(case, **packed)
 
 
 def set_inputs(case, value):

@@ -46,6 +46,9 @@ PRODUCTS = {
 FAMILY_ATTENTION = {"rope": ("mla", "mha"), "mla": ("mla",), "flash": ("mha",)}
 # the axes other axes apply under (an fp8 cache's scales, a float cache's dtype, a key's heads)
 ENABLING_AXES = ("dtype", "key", "kv_cache_dtype")
+# axes that are not parameters of the array: "head stride" refines "inputs" (its value "other" is a kind of
+# "strided", which the array pairs; only "D" can be set, and every case the array builds has it)
+UNPAIRED_AXES = ("head stride",)
 _STRIDED = Placement(pad=(0, 3), offset=(0, 1), lead=1)  # rows (or heads) padded, 1 element in
 _POOL_VIEW = Placement(pad=(1,), offset=(1,), lead=5, trail=3)  # a block past the view, 5 elements in
 
@@ -108,7 +111,7 @@ def parameters(operation: str) -> dict[str, tuple[str, ...]]:
     """``{parameter: values}``: ``size`` first, then the settable axes in ``AXES`` order."""
     found = {SIZE: tuple(level.name for level in size_levels(operation))}
     for axis in axes_for(operation in ROTATING_OPERATIONS):
-        if axis.setter is not None:
+        if axis.setter is not None and axis.name not in UNPAIRED_AXES:
             found[axis.name] = axis.values
     return found
 

@@ -41,6 +41,7 @@ class Capabilities:
     gqa: bool = True  # MHA: fewer KV heads than query heads
     partial_rotary: bool = True  # R < D: the tail of each head passes through
     input_layouts: tuple[str, ...] = ("contiguous", "packed", "strided")  # q/k/v/kv_c tensors
+    unpacked_heads: bool = True  # rope/MHA inputs whose heads are another stride than D apart ("head stride other")
     distinct_value_head_size: bool = True  # MHA: Dv != D
     kv_cache_dtypes: tuple[str, ...] = KV_CACHE_DTYPES
     fp8_storage: tuple[str, ...] = FP8_STORAGES  # fp8 caches as torch.uint8 / torch.float8_*
@@ -97,7 +98,8 @@ class Capabilities:
                 "K, V scales": ("differ", self.distinct_kv_scales),
                 "slot_mapping length": ("< T", self.short_slot_mapping),
                 "NaN inputs": ("yes", self.nan_inputs), "positions layout": ("strided", self.strided_index_tensors),
-                "slot_mapping layout": ("strided", self.strided_index_tensors)}
+                "slot_mapping layout": ("strided", self.strided_index_tensors),
+                "head stride": ("other", self.unpacked_heads)}
         if axis in flag:
             value, allowed = flag[axis]
             return everything if allowed else tuple(v for v in everything if v != value)
