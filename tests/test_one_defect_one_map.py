@@ -8,6 +8,8 @@ mechanics, not a kernel, are under test, in seconds.
 
 from __future__ import annotations
 
+import pathlib
+
 import pytest
 
 from mla_fuse_conformance.commands.conformance_map import diagnosis, known_cells
@@ -169,3 +171,29 @@ def test_a_map_out_of_time_mid_round_keeps_the_cells_it_completed():
     assert result.stopped == "budget" and not result.complete, (result.stopped, steps)
     assert len(result.cells) == 1 and result.cells[0].features, result.cells
     assert "stopped at the map's time budget" in result.lines()[0], result.lines()
+
+
+def test_a_carried_cell_cut_while_its_rate_is_measured_is_kept_with_the_rate_not_measured():
+    """``verify --map-seconds`` spent while a cell carried from another property has its rate measured here: the
+    cell is kept (its condition is the other property's, its failing example this property's, replayable), read
+    ``failure rate not measured (the map's time budget ran out first)``, cut short (``cut_short.py``: no id in
+    ``failing``); the map says it stopped at the budget. Before, the carried cell was lost with the budget."""
+    from mla_fuse_conformance.commands.conformance_map import cut_short
+    from mla_fuse_conformance.running.executor import OutOfTime
+
+    found = [dict(cell, found_by=MLA_WRITE) for cell in mapped([MLA_WRITE], fake_kernel(fp8_write))[MLA_WRITE]]
+    steps = []
+
+    def run(case, *args):
+        if any("measuring its failure rate here" in step for step in steps):
+            raise OutOfTime()
+        fake_kernel(fp8_write)(case, *args)
+
+    result = map_property(property_named(MLA_INTERACTIONS), load_implementation("reference"), "cpu", run,
+                          max_examples=40, rounds=4, found=found, on_step=steps.append)
+    cells = document.cells([result])
+    assert result.stopped == "budget" and not result.complete, (result.stopped, steps)
+    assert [cell["source"] for cell in cells] == ["another property"] * len(cells) and cells, cells
+    assert all(cell["cut_short"] == cut_short.STEPS["rate"] and not cell["rate"] for cell in cells), cells
+    assert any("failure rate not measured (the map's time budget ran out first)" in line for line in result.lines())
+    assert all(pathlib.Path(cell.file).is_file() for cell in result.cells), result.cells  # replay files

@@ -12,6 +12,8 @@ with what was established before the budget ran out, and says where it was cut s
   the diagnosis' condition, the rate where it was measured, the verdicts reached;
 * while it ran at each value it admits (``holds.py``) or replayed its pair: the diagnosis as it was
   before that step, none of its exclusions.
+* a cell carried from another property's map (``property_map._carried``), cut while its failure rate is
+  measured here: its condition as that map found it, its rate not measured.
 
 Every conjunct whose necessity was not checked gets the verdict ``NOT_CHECKED`` and reads ``(not
 shown needed)``; a rate not measured reads as such; the cell admits the failing case's own feature

@@ -309,6 +309,8 @@ def map_property(prop, impl, device, run_example: Callable, max_examples: int, r
         holds.join_split_cells(prop, impl, strategy, run_example, cells, cases, on_step)
         for confirmed in sorter.confirm(known) if entries else []:
             carried.append(_carried(prop, impl, device, confirmed, strategy, sorter.run_example, on_step))
+        if any(cell.diagnosis and cell.diagnosis.get("cut_short") for cell in carried):
+            stopped, complete = "budget", False
         if not cells and not carried:
             outside = tuple(case for case in known if not sorter.inside(case))
             note = _known_failures(prop, impl, device, run_example, strategy, outside, cells, examples)
@@ -345,9 +347,13 @@ def _carried(prop, impl, device, known: known_cells.KnownCell, strategy, run_exa
         return _saved_cell(prop, failure, diagnosis, known_cells.SOURCE)
     if diagnosis is not None:
         on_step(f"{entry['condition']['text']}: found for {entry['found_by']}, measuring its failure rate here")
-        diagnosis["rate"], diagnosis["pair"] = diagnosing.measure(prop, impl, strategy, run_example,
-                                                                  diagnosis["condition"], known.case,
-                                                                  diagnosing.CARRIED_RATE_EXAMPLES)
+        try:
+            diagnosis["rate"], diagnosis["pair"] = diagnosing.measure(prop, impl, strategy, run_example,
+                                                                      diagnosis["condition"], known.case,
+                                                                      diagnosing.CARRIED_RATE_EXAMPLES)
+        except OutOfTime:  # the map's budget spent while measuring: kept, its rate not measured (cut_short.py)
+            diagnosis["rate"] = None
+            diagnosis["cut_short"] = failure["cut_short"] = cut_short.STEPS["rate"]
         diagnosis["pair"] = None  # the pair walk's file belongs to the property that found the cell
         diagnosis["admits"] = admitted(prop, impl, known.case, diagnosis["condition"], failure["cell"])
     cell = _saved_cell(prop, failure, diagnosis, known_cells.CARRIED)
