@@ -132,3 +132,24 @@ def test_the_declarations_are_checked_when_the_adapter_loads(user_dir, adapter, 
     with pytest.raises(ImplementationError, match=None) as raised:
         load_implementation(f"serving_adapters:{adapter}")
     assert message in str(raised.value), str(raised.value)
+
+
+def test_a_map_whose_failing_examples_are_served_deployments_outside_the_limits_names_them(user_dir, tmp_path,
+                                                                                           monkeypatch):
+    """The map moves cases inside the declared limits, so a served deployment that failed outside them (FlagGems'
+    vLLM MLA deployments with ``fp8_e4m3``) is no case of its search or its reruns; its note names the limits those
+    failing examples lie outside, where it said the test run left no failing example to rerun."""
+    import torch
+
+    from mla_fuse_conformance.cases.deployment_cases import deployment_cases
+    from mla_fuse_conformance.commands.conformance_map.property_map import map_property
+    from mla_fuse_conformance.running.harness import property_named
+
+    monkeypatch.setenv("MLA_FUSE_FAILURE_DIR", str(tmp_path / "failures"))
+    impl = load_implementation("serving_adapters:ServesVllmMla")
+    prop = property_named("test_deployments:test_concat_and_cache_mla_in_deployment")
+    served = deployment_cases("concat_and_cache_mla")[DEPLOYMENT]
+    result = map_property(prop, impl, "cpu", lambda case: prop.run(impl, torch.device("cpu"), case), max_examples=3,
+                          rounds=1, known=(served,))
+    assert not result.cells and "outside the declared limits (kv_cache_dtype fp8_e4m3)" in result.note, result.note
+    assert "left no failing example" not in result.note

@@ -364,9 +364,11 @@ def _carried(prop, impl, device, known: known_cells.KnownCell, strategy, run_exa
 def _known_failures(prop, impl, device, run_example, strategy, known, cells, examples) -> str:
     """Diagnose the test run's failing cases the map's searches did not meet (appended to
     ``cells``); else say why the map has no cell."""
-    reran = 0
+    reran, outside = 0, {}
     for case in known:
-        if not prop.allows(impl, case):
+        if not prop.allows(impl, case):  # a served deployment's case (test_deployments.py), run as it is
+            for operation in prop.operations:
+                outside.update(impl.caps(operation).violations(_base(case), prop.rotates))
             continue
         reran += 1
         try:
@@ -380,5 +382,10 @@ def _known_failures(prop, impl, device, run_example, strategy, known, cells, exa
         return (f"the map's search met no failure in {examples} examples, and the test run's failing "
                 f"example{'s' if reran > 1 else ''} ({reran}) passed when run again: a failure that depends on "
                 "more than the case (the process's state, timing, an earlier example's writes)")
+    if outside:
+        return (f"the map's search met no failure in {examples} examples; the test run's failing examples lie "
+                f"outside the declared limits ({', '.join(f'{axis} {value}' for axis, value in outside.items())}): "
+                "deployments of an engine layout the implementation serves, run as the engine calls them, which "
+                "the map does not move (see the failures above and the deployments' verdicts)")
     return (f"the map's search met no failure in {examples} examples and the test run left no failing "
             "example to rerun (see the failures above)")
