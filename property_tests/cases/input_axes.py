@@ -195,7 +195,8 @@ def _heads_apart(shape, place: Placement) -> bool:
 def head_stride_of(case):
     """``D``: each token's heads packed, one after another (what ``tensor.view(T, H, D)`` of a row gives,
     whatever the row's stride: ``inputs`` contiguous, packed, and strided views that pad only tokens or
-    heads); ``other``: some input with more than one head has them another stride apart."""
+    heads); ``other``: some input with more than one head has them another stride apart (an MHA case's
+    query counts for the unfused write too, which does not take it, as it does for ``inputs``)."""
     inputs = _headed_inputs(case)
     if inputs is None:
         return None
