@@ -11,7 +11,11 @@ so a test does not hang on the search drawing a trigger. The value threshold is 
 (``data/planted/clamp_240.py``: e4m3's x / scale clamped to [-240, 448]); the others are fakes
 (``run_example`` raising where the trigger holds: the map's mechanics, not a kernel, in seconds). The
 multiplied fp8 scale is right at scale 1 only: its cell must exclude that value (``scale not 1``,
-``conformance_map/holds.py``), whether the rounds find it once or split it in two.
+``conformance_map/holds.py``), whether the rounds find it once or split it in two. Two rounding orders
+(SGLang's fused write, docs/THIRD_PARTY.md): a reciprocal multiply ``x * (1 / scale)`` differs from the
+division only next to an fp8 tie, and a fused write quantizing its float32 rotation differs from one
+quantizing the written-back key only where the two round to different codes; their ground truths are
+computed here in torch (float32 arithmetic, torch's fp8 cast), not with the map's relations.
 """
 
 from __future__ import annotations
@@ -25,12 +29,14 @@ from hypothesis import HealthCheck, Phase, given, settings
 
 from mla_fuse_conformance.cases import fields, tensors
 from mla_fuse_conformance.cases.cache_axes import scale_of
+from mla_fuse_conformance.cases.value_relations import NEAR_TIE, ROTATED_KEY_CODE
 from mla_fuse_conformance.commands.conformance_map import diagnosis
 from mla_fuse_conformance.commands.conformance_map.property_map import map_property
 from mla_fuse_conformance.contract.implementation import load_implementation
 from mla_fuse_conformance.running.harness import property_named
 
 MLA_WRITE = "test_mla:test_mla_cache_write_matches_reference"
+FUSED_MLA = "test_mla:test_fused_mla_matches_reference"
 PLANTED = pathlib.Path(__file__).parent / "data" / "planted"
 BELOW_FNUZ = ["relation", "a written x/scale rounding below -240 (e4m3fnuz's max)", "yes"]
 
@@ -72,6 +78,48 @@ def e5m2(case) -> bool:
     return case.kv_cache_dtype == "fp8_e5m2" and some_written(case)
 
 
+def _e4m3(quotient: torch.Tensor) -> torch.Tensor:
+    """torch's fp8 cast of a float32 quotient, saturated first (the cast gives NaN past the max)."""
+    return quotient.clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)
+
+
+def reciprocal_scale(case) -> bool:
+    """A write quantizing ``x * (1 / scale)`` in float32: wrong where that product and the quotient
+    ``x / scale`` get different e4m3 codes."""
+    if case.kv_cache_dtype not in ("fp8", "fp8_e4m3"):
+        return False
+    built = tensors.build(diagnosis._base(case), "cpu")
+    slots = built.args["slot_mapping"].long()
+    rows = torch.arange(min(slots.numel(), case.tokens))
+    rows = rows[slots[: rows.numel()] >= 0]
+    scale = built.args["scale"].float()
+    return any(bool((_e4m3(x * (1 / scale)) != _e4m3(x / scale)).any())
+               for x in (built.args[name][rows].float() for name in ("kv_c", "k_pe")))
+
+
+def rotation_quantized(case) -> bool:
+    """A fused MLA write caching the e4m3 code of k_pe's float32 rotation, not of the rotated k_pe it
+    writes back (rounded to its dtype): wrong where the two codes differ (cos/sin from the table, float64)."""
+    if case.kv_cache_dtype not in ("fp8", "fp8_e4m3"):
+        return False
+    built = tensors.build(diagnosis._base(case), "cpu")
+    slots = built.args["slot_mapping"].long()
+    rows = torch.arange(min(slots.numel(), case.tokens))
+    rows = rows[slots[: rows.numel()] >= 0]
+    k_pe, half = built.args["k_pe"][rows], case.rotary_dim // 2
+    table = built.args["cos_sin_cache"].double()[built.args["positions"].long()[rows]]
+    cos, sin = table[:, :half], table[:, half:]
+    first = torch.arange(half) if case.is_neox else 2 * torch.arange(half)
+    second = first + half if case.is_neox else first + 1
+    x = k_pe.double()
+    rotated = x.clone()
+    rotated[:, first] = x[:, first] * cos - x[:, second] * sin
+    rotated[:, second] = x[:, second] * cos + x[:, first] * sin
+    scale = built.args["scale"].float()
+    written_back = rotated.to(k_pe.dtype).float() / scale
+    return bool((_e4m3(written_back) != _e4m3(rotated.float() / scale)).any())
+
+
 def fake_kernel(trigger):
     def run(case, *args):
         if trigger(diagnosis._base(case)):
@@ -83,11 +131,11 @@ def moved_onto(field: str, value):
     return lambda case: fields.vary(case, field, value)
 
 
-def triggered(prop, impl, trigger, move=lambda case: case, count: int = 30) -> list:
-    """Random cases of ``prop`` (moved by ``move``) on which ``trigger`` holds."""
+def triggered(prop, impl, trigger, move=lambda case: case, count: int = 30, draws: int = 4) -> list:
+    """Random cases of ``prop`` (moved by ``move``) on which ``trigger`` holds (of ``count * draws``)."""
     found = []
 
-    @settings(max_examples=count * 4, phases=[Phase.generate], database=None, deadline=None,
+    @settings(max_examples=count * draws, phases=[Phase.generate], database=None, deadline=None,
               suppress_health_check=list(HealthCheck))
     @given(case=prop.strategy_for(impl))
     def draw(case):
@@ -140,3 +188,39 @@ def test_a_planted_trigger_is_named_and_no_conjunct_is_false_of_it(trigger, name
     cases = triggered(prop, impl, trigger, move)
     found = map_property(prop, impl, "cpu", fake_kernel(trigger), max_examples=examples, rounds=2, known=cases[:1])
     assert_precise(found, named, cases)
+
+
+def test_a_reciprocal_scale_gets_a_cell_naming_the_quotients_near_an_fp8_tie():
+    """SGLang's third finding, planted: its cells said ``a written x/scale in the fp8 subnormal range``
+    and ``tokens 11 or 8 or 10 or 12 or 17``, neither the trigger. Now: within 2 float32 ulps of a tie."""
+    prop, impl = property_named(MLA_WRITE), load_implementation("reference")
+    cases = triggered(prop, impl, reciprocal_scale, lambda case: fields.vary(
+        fields.vary(case, "kv_cache_dtype", "fp8"), "dtype", "float32"), draws=16)  # 1 in 40: rare
+    found = map_property(prop, impl, "cpu", fake_kernel(reciprocal_scale), max_examples=40, rounds=2,
+                         known=cases[:1])
+    assert_precise(found, ["relation", NEAR_TIE, "yes"], cases)
+
+
+def test_a_fused_write_quantizing_its_float32_rotation_gets_a_cell_naming_the_two_codes():
+    """SGLang's second finding (the cache holds the code of the fp32 rotation, not of the key written
+    back), planted in the fused MLA write: its cell was cut short with no condition. Now: the relation
+    that is exactly its trigger."""
+    prop, impl = property_named(FUSED_MLA), load_implementation("reference")
+    cases = triggered(prop, impl, rotation_quantized, moved_onto("kv_cache_dtype", "fp8"),
+                      draws=8)
+    found = map_property(prop, impl, "cpu", fake_kernel(rotation_quantized), max_examples=40, rounds=2,
+                         known=cases[:1])
+    assert_precise(found, ["relation", ROTATED_KEY_CODE, "yes"], cases)
+
+
+def test_an_unfused_write_is_never_explained_by_a_rotation():
+    """The built case is the same for both MLA writes, so the rotation relation is computed for the
+    unfused one too; the same planted trigger on the unfused write (its failing case drawn by the fused
+    write's strategy: the unfused one draws a table that leaves the key as it is) must not be named by it."""
+    prop, impl = property_named(MLA_WRITE), load_implementation("reference")
+    cases = triggered(property_named(FUSED_MLA), impl, rotation_quantized, moved_onto("kv_cache_dtype", "fp8"),
+                      draws=8)
+    assert prop.allows(impl, cases[0])
+    found = map_property(prop, impl, "cpu", fake_kernel(rotation_quantized), max_examples=40, rounds=1,
+                         known=cases[:1])
+    assert found.cells and not any(ROTATED_KEY_CODE in line for line in found.lines()), "\n".join(found.lines())

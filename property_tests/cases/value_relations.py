@@ -21,7 +21,18 @@ written):
   other fp8 format's max below its own (``FORMAT_MAXES``: 240, e4m3fnuz's; 448, e4m3fn's): a
   kernel clamping to, or encoding for, the wrong format fails exactly there (the clamp to
   ``[-240, 448]``: ``a written x/scale rounding below -240 (e4m3fnuz's max): yes``). Then
-  ``rounding to fp8 zero`` (a nonzero x that underflows) and ``in the fp8 subnormal range``.
+  ``rounding to fp8 zero`` (a nonzero x that underflows) and ``in the fp8 subnormal range``;
+* for an fp8 cache, where the cached code depends on how exactly ``x / scale`` is computed and rounded:
+  ``within 2 float32 ulps of an fp8 tie`` (the float32 quotient that near a midpoint of two adjacent
+  values of the cache format: a quotient computed otherwise than by one correctly rounded division, a
+  reciprocal multiply ``x * (1 / scale)`` or an approximate division, off by up to two ulps, can round
+  to the other code there and only there), and, of a rotated key (the key of a fused operation:
+  ``key``, or MLA's ``k_pe``, rotated in float64 by the reference), ``a rotated key's fp8 code differs
+  between its written-back value and its float32 rotation`` (CONTRACT §2 caches the written-back,
+  rounded key: a kernel quantizing its float32 rotation instead caches the other code exactly there).
+  The built case is the same for a fused operation and its unfused write, so that relation is
+  computed for every case with a table and named only in a rotating property's cells
+  (``ROTATION_RELATIONS``; ``commands/conformance_map/diagnosis.py``).
 
 Bands are named by a format's range, not by a number a defect happened to show, so the same
 relation names the same thing in every case, and a value-conditioned defect gets a
@@ -36,12 +47,25 @@ from mla_fuse_conformance.cases.types import FlashCase, MlaCase, RopeCase
 from mla_fuse_conformance.declarations.dtypes import FP8_FORMAT_OF_KV_CACHE_DTYPE
 # ref_*: the reference's modules, apart from the product's and the suite's values of those names
 from mla_fuse_reference import fp8 as ref_fp8
-from mla_fuse_reference.rounding import round_to_grid
+from mla_fuse_reference import rope as ref_rope
+from mla_fuse_reference.rounding import power_of_two, round_once, round_to_grid
 
 # the finite max of each fp8 format an implementation may confuse a cache's format with (e4m3fnuz:
 # AMD's e4m3, no negative zero, max 240; e4m3fn: OCP e4m3, max 448; e5m2: 57344)
 FORMAT_MAXES = ((240.0, "e4m3fnuz"), (448.0, "e4m3fn"), (57344.0, "e5m2"))
 SIGNS = (("below", -1.0), ("above", 1.0))
+TIE_ULPS = 2  # a float32 x / scale computed another way: a reciprocal multiply (<= 1.5 ulps), CUDA's div.full.f32 (2)
+NEAR_TIE = f"a written x/scale within {TIE_ULPS} float32 ulps of an fp8 tie"
+ROTATED_KEY_CODE = "a rotated key's fp8 code differs between its written-back value and its float32 rotation"
+ROTATION_RELATIONS = (ROTATED_KEY_CODE,)  # of what a fused operation caches; meaningless for an unfused write
+
+
+def without_rotation(relations: dict | None, rotates: bool) -> dict | None:
+    """``relations`` as a property's map may name them: without ``ROTATION_RELATIONS`` where its
+    operation does not rotate."""
+    if relations is None or rotates:
+        return relations
+    return {name: value for name, value in relations.items() if name not in ROTATION_RELATIONS}
 
 
 def written_values(built) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
@@ -102,4 +126,42 @@ def value_relations(built) -> dict[str, bool]:
         [(r == 0) & (q != 0) for q, r in zip(quotients, rounded)])
     out["a written x/scale in the fp8 subnormal range"] = _any(
         [(r != 0) & (r.abs() < 2.0 ** f.min_exponent) for r in rounded])
+    out[NEAR_TIE] = _any([_near_tie(q, f) for q in quotients])
+    codes_differ = _rotated_key_codes_differ(built, fmt)
+    if codes_differ is not None:
+        out[ROTATED_KEY_CODE] = codes_differ
     return out
+
+
+def _near_tie(quotient: torch.Tensor, f) -> torch.Tensor:
+    """Where the float32 ``quotient`` (held in float64) lies within ``TIE_ULPS`` float32 ulps of the
+    midpoint of two adjacent finite values of the fp8 format ``f``."""
+    magnitude = quotient.abs()
+    inside = torch.isfinite(magnitude) & (magnitude > 0) & (magnitude <= f.max_finite)
+    magnitude = torch.where(inside, magnitude, torch.ones_like(magnitude))
+    exponent = torch.frexp(magnitude).exponent - 1  # magnitude = m * 2^exponent, 1 <= m < 2
+    step = power_of_two(torch.clamp(exponent, min=f.min_exponent) - f.mantissa_bits)  # the fp8 spacing there
+    ulp = power_of_two(exponent - 23)  # float32's spacing (the quotient is a normal float32 here)
+    fraction = magnitude / step - torch.floor(magnitude / step)  # exact: step is a power of two
+    return inside & ((fraction - 0.5).abs() * step <= TIE_ULPS * ulp)
+
+
+def _rotated_key_codes_differ(built, fmt: str) -> bool | None:
+    """Whether some written key's fp8 code differs between its rotation rounded to its dtype (the
+    written-back key) and its rotation rounded to float32; None where the case has no table."""
+    case, args = built.case, built.args
+    table, positions = args.get("cos_sin_cache"), args.get("positions")
+    if table is None or positions is None:
+        return None
+    name, scale = ("k_pe", args["scale"]) if isinstance(case, MlaCase) else ("key", args["k_scale"])
+    slots = args["slot_mapping"].to("cpu", torch.int64)
+    rows = torch.arange(min(slots.numel(), case.tokens))
+    rows = rows[slots[: rows.numel()] >= 0]
+    key = args[name].to("cpu")[rows]
+    key = key[:, None, :] if key.dim() == 2 else key  # MLA's k_pe: one head
+    table = table.to("cpu")
+    exact = ref_rope.rope_exact(positions.to("cpu")[rows], key[..., : table.size(1)], table, case.is_neox)
+    scale = scale.to("cpu").reshape(1, -1, 1)
+    written_back = ref_fp8.quantize(round_once(exact, key.dtype), scale, fmt)
+    single = ref_fp8.quantize(round_once(exact, torch.float32), scale, fmt)
+    return bool((written_back != single).any())

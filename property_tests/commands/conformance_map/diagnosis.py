@@ -42,6 +42,7 @@ from mla_fuse_conformance.cases import types as case_types
 from mla_fuse_conformance.cases.address_relations import alignment_relations
 from mla_fuse_conformance.cases.features import AXIS
 from mla_fuse_conformance.cases.types import BadInputCase
+from mla_fuse_conformance.cases.value_relations import without_rotation
 from mla_fuse_conformance.running.executor import ChildNotProvided, Crashed, RaisedInChild
 from mla_fuse_conformance.settings import profiles
 
@@ -202,7 +203,7 @@ def _separates(observations: list[tuple[dict, bool]], name: str) -> str | None:
 def diagnose(prop, impl, run_example: Callable, case) -> Diagnosis:
     """Steps 1 and 2 of the module docstring for ``case`` (a failing case of ``prop``)."""
     base = _base(case)
-    own = relations_of(base) or {}
+    own = without_rotation(relations_of(base), prop.rotates) or {}
     per_field: dict[str, list[tuple[dict, bool]]] = {}
     findings: dict[str, FieldFinding] = {}
     tried = dropped = 0

@@ -22,6 +22,7 @@ from typing import Callable
 
 from mla_fuse_conformance.cases import fields as case_fields
 from mla_fuse_conformance.cases.address_relations import VECTOR_HALVES
+from mla_fuse_conformance.cases.value_relations import without_rotation
 from mla_fuse_conformance.commands.conformance_map.diagnosis import (DATA_FIELDS, Diagnosis, _base, measure,
                                                      relations_of)
 from mla_fuse_conformance.commands.conformance_map.necessity import check_conjuncts
@@ -69,7 +70,7 @@ def measure_and_refine(prop, impl, strategy, run_example: Callable, diagnosis: D
 
 
 def _narrow_by_relations(prop, impl, strategy, run_example, diagnosis: Diagnosis, failing_case, members) -> bool:
-    own = relations_of(_base(failing_case))
+    own = without_rotation(relations_of(_base(failing_case)), prop.rotates)
     failing = [own] + [relations for relations, fails in members if fails and relations is not None]
     passing = [relations for relations, fails in members if not fails and relations is not None]
     split = splitting_relations(failing, passing) if own else None
