@@ -15,6 +15,7 @@ empty directory with only ``PATH=/usr/bin:/bin`` and ``HOME`` set (``env -i``: n
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -89,3 +90,24 @@ def test_every_printed_prefix_is_shell_quoted(tmp_path, monkeypatch):
     words = shlex.split(recording.replay_command(odd / "f.json", record))
     assert words[:2] == ["TRITON_INTERPRET=1 $x", f"PYTHONPATH={odd}"], words
     assert shlex.split(recording.database_prefix("mla_fuse.dev")) == [f"MLA_FUSE_HYPOTHESIS_DB={odd}"]
+
+
+def test_a_replay_sets_where_the_adapter_found_the_kernel_files(tmp_path, monkeypatch):
+    """``MLA_FUSE_SGLANG_PATH=DIR mla-fuse verify --impl sglang-triton`` printed replay lines without the
+    variable: pasted into a new shell, the adapter looked for an installed SGLang and the replay exited 2
+    (``SGLang is not found``). Every ``MLA_FUSE_<PROJECT>_PATH`` the run had is set in both printed lines
+    and in a failing check's rerun line, as an absolute path; the run's other variables are not."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLA_FUSE_SGLANG_PATH", "unpacked")
+    monkeypatch.setenv("MLA_FUSE_FAILURE_DIR", str(tmp_path / "failures"))
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    failure = {"property": "test_flash:test_fused_flash_matches_reference", "impl": "sglang-triton", "case": {}}
+    record = json.loads(recording.save_failure(failure, "properties/test_flash.py::x", "mla_fuse.ci").read_text())
+    check = recording.check_command("properties/test_large_addresses.py::test_cache_entries_past_the_threshold"
+                                    "[flash-fused-fp8]", "sglang-triton", "mla_fuse.ci")
+    for line in (record["replay"], record["pytest"], check):
+        words = shlex.split(line)
+        assert words[0] == f"MLA_FUSE_SGLANG_PATH={tmp_path / 'unpacked'}", line
+        assert not any(word.startswith("MLA_FUSE_FAILURE_DIR") for word in words), line
+    assert ("mla_fuse_conformance.properties.test_large_addresses::test_cache_entries_past_the_threshold"
+            "[flash-fused-fp8]") in shlex.split(check), check

@@ -23,16 +23,20 @@ written):
   ``[-240, 448]``: ``a written x/scale rounding below -240 (e4m3fnuz's max): yes``). Then
   ``rounding to fp8 zero`` (a nonzero x that underflows) and ``in the fp8 subnormal range``;
 * for an fp8 cache, where the cached code depends on how exactly ``x / scale`` is computed and rounded:
-  ``within 2 float32 ulps of an fp8 tie`` (the float32 quotient that near a midpoint of two adjacent
-  values of the cache format: a quotient computed otherwise than by one correctly rounded division, a
-  reciprocal multiply ``x * (1 / scale)`` or an approximate division, off by up to two ulps, can round
-  to the other code there and only there), and, of a rotated key (the key of a fused operation:
+  ``inexact in float32, within 2 ulps of an fp8 tie`` (the float32 quotient that near a midpoint of
+  two adjacent values of the cache format, and not exactly ``x / scale``, its product with the scale
+  differing from ``x`` in float64: a quotient computed otherwise than by one correctly rounded division,
+  a reciprocal multiply ``x * (1 / scale)`` or an approximate division, off by up to two ulps where it
+  is inexact, and exact where it is exact (a power-of-two scale), can round to the other code there
+  and only there), and, of a rotated key (the key of a fused operation:
   ``key``, or MLA's ``k_pe``, rotated in float64 by the reference), ``a rotated key's fp8 code differs
   between its written-back value and its float32 rotation`` (CONTRACT §2 caches the written-back,
   rounded key: a kernel quantizing its float32 rotation instead caches the other code exactly there).
   The built case is the same for a fused operation and its unfused write, so that relation is
   computed for every case with a table and named only in a rotating property's cells
-  (``ROTATION_RELATIONS``; ``commands/conformance_map/diagnosis.py``).
+  (``ROTATION_RELATIONS``; ``commands/conformance_map/diagnosis.py``). Both are listed before the wider
+  bands (rounding to zero, the subnormal range): of two relations explaining a failure as well, the
+  map names the first listed (a reciprocal scale's failures at subnormal ties are named by the tie).
 
 Bands are named by a format's range, not by a number a defect happened to show, so the same
 relation names the same thing in every case, and a value-conditioned defect gets a
@@ -55,7 +59,7 @@ from mla_fuse_reference.rounding import power_of_two, round_once, round_to_grid
 FORMAT_MAXES = ((240.0, "e4m3fnuz"), (448.0, "e4m3fn"), (57344.0, "e5m2"))
 SIGNS = (("below", -1.0), ("above", 1.0))
 TIE_ULPS = 2  # a float32 x / scale computed another way: a reciprocal multiply (<= 1.5 ulps), CUDA's div.full.f32 (2)
-NEAR_TIE = f"a written x/scale within {TIE_ULPS} float32 ulps of an fp8 tie"
+NEAR_TIE = f"a written x/scale inexact in float32, within {TIE_ULPS} ulps of an fp8 tie"
 ROTATED_KEY_CODE = "a rotated key's fp8 code differs between its written-back value and its float32 rotation"
 ROTATION_RELATIONS = (ROTATED_KEY_CODE,)  # of what a fused operation caches; meaningless for an unfused write
 
@@ -122,14 +126,16 @@ def value_relations(built) -> dict[str, bool]:
             if limit < f.max_finite:
                 out[f"a written x/scale rounding {word} {sign * limit:+g} ({name}'s max)"] = _any(
                     [r * sign > limit for r in rounded])
+    # the narrow bands first: of relations explaining a failure as well, the map names the first listed
+    out[NEAR_TIE] = _any([_near_tie(q, f) & (q * scale.double() != values.double())
+                          for q, (values, scale) in zip(quotients, written)])
+    codes_differ = _rotated_key_codes_differ(built, fmt)
+    if codes_differ is not None:
+        out[ROTATED_KEY_CODE] = codes_differ
     out["a written x/scale rounding to fp8 zero (x nonzero)"] = _any(
         [(r == 0) & (q != 0) for q, r in zip(quotients, rounded)])
     out["a written x/scale in the fp8 subnormal range"] = _any(
         [(r != 0) & (r.abs() < 2.0 ** f.min_exponent) for r in rounded])
-    out[NEAR_TIE] = _any([_near_tie(q, f) for q in quotients])
-    codes_differ = _rotated_key_codes_differ(built, fmt)
-    if codes_differ is not None:
-        out[ROTATED_KEY_CODE] = codes_differ
     return out
 
 

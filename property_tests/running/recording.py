@@ -44,7 +44,7 @@ from typing import Callable
 import hypothesis
 
 from mla_fuse_conformance.cases import types as case_types
-from mla_fuse_conformance.declarations.options import TRITON_INTERPRET_ENV_VAR, users_triton_interpret
+from mla_fuse_conformance.declarations.options import TRITON_INTERPRET_ENV_VAR, kernel_paths, users_triton_interpret
 from mla_fuse_conformance.running import failure_text, interpreter_watch
 from mla_fuse_conformance.settings import database, profiles
 
@@ -319,8 +319,8 @@ def recorded_import_path(record: dict | None) -> list[str]:
 
 def replay_command(path: pathlib.Path, record: dict | None = None) -> str:
     """``mla-fuse repro FILE`` as it runs from any directory: the file's absolute path, after the
-    ``PYTHONPATH`` the file records (``record``, else read from ``path``) and the user's own
-    ``TRITON_INTERPRET`` the run had (``environment``; one mla-fuse set, ``repro`` sets again)."""
+    ``PYTHONPATH`` the file records (``record``, else read from ``path``) and the variables it records
+    (``environment``: ``replay_environment``)."""
     if record is None:
         try:
             record = json.loads(path.read_text())
@@ -343,13 +343,25 @@ def save_failure(failure: dict, nodeid: str, profile: str) -> pathlib.Path:
     path = directory / name
     record = dict(failure, nodeid=nodeid, profile=profile, hypothesis_version=hypothesis.__version__,
                   pythonpath=recorded_import_path(failure))  # `mla-fuse repro FILE` imports the adapter from it
-    users = users_triton_interpret(os.environ)
-    if users is not None:  # the user's own TRITON_INTERPRET: the printed replay sets it too
-        record["environment"] = {TRITON_INTERPRET_ENV_VAR: users}
+    environment = replay_environment()
+    if environment:
+        record["environment"] = environment
     record["replay"] = replay_command(path, record)
-    record["pytest"] = pytest_command(failure, nodeid, profile)
+    record["pytest"] = pytest_command(record, nodeid, profile)
     path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     return path
+
+
+def replay_environment() -> dict[str, str]:
+    """What a printed replay line sets before it runs: where the run's adapter found another project's
+    kernel files (``MLA_FUSE_<PROJECT>_PATH``, absolute: a new shell has none of them, and the adapter
+    would look for an installed package), and the user's own ``TRITON_INTERPRET`` (one mla-fuse set, a
+    replay sets again)."""
+    environment = {name: str(pathlib.Path(value).absolute()) for name, value in kernel_paths(os.environ).items()}
+    users = users_triton_interpret(os.environ)
+    if users is not None:
+        environment[TRITON_INTERPRET_ENV_VAR] = users
+    return environment
 
 
 def pytest_command(failure: dict, nodeid: str, profile: str) -> str:
@@ -358,9 +370,19 @@ def pytest_command(failure: dict, nodeid: str, profile: str) -> str:
     path (``$MLA_FUSE_HYPOTHESIS_DB``; the default one is relative to the run's directory)."""
     module, _, function = failure["property"].partition(":")
     item = function + (nodeid.partition("::" + function)[2] if "::" + function in nodeid else "")
-    return (f"{database_prefix(profile)}{python_with(recorded_import_path(failure))} -m pytest --pyargs "
+    environment = assignments(failure.get("environment", replay_environment()))
+    return (f"{database_prefix(profile)}{environment}{python_with(recorded_import_path(failure))} -m pytest --pyargs "
             f"{shlex.quote(f'mla_fuse_conformance.properties.{module}::{item}')} "
             f"--mla-fuse-impl={shlex.quote(failure['impl'])} --hypothesis-profile={shlex.quote(profile)}")
+
+
+def check_command(nodeid: str, spec: str, profile: str) -> str:
+    """``pytest_command`` for a failing check that is not one property's examples (``nodeid``:
+    ``properties/test_large_addresses.py::test_query_rows_a_huge_stride_apart``), run from anywhere."""
+    path, _, item = nodeid.partition("::")
+    check = {"property": f"{pathlib.PurePosixPath(path).stem}:{item.partition('[')[0]}", "impl": spec,
+             "pythonpath": import_path(spec)}
+    return pytest_command(check, nodeid, profile)
 
 
 def database_prefix(profile: str) -> str:

@@ -116,14 +116,14 @@ def print_report(impl, profile: str, elapsed: float, summaries: dict[str, Operat
     print("".join(f"not judged: {op}: {s.not_judged} examples too slow under Triton's interpreter (estimated up to "
                   f"{s.not_judged_estimate:.0f} s each; $MLA_FUSE_INTERPRETER_BUDGET): neither passed nor failed\n"
                   for op, s in summaries.items() if s.not_judged), end="")
-    print_failures(outcomes)
+    print_failures(outcomes, impl.spec, profiles.full_name(profile))
     print_maps(phase.maps)
     print_limits(phase.limits)
     print("\n".join(["", *maps.lines(report["run"]["map"])]))
     print("\n" + "\n".join(document.coverage_lines(report["coverage"])))
 
 
-def print_failures(outcomes: list[dict]) -> None:
+def print_failures(outcomes: list[dict], spec: str, profile: str) -> None:
     failures = [line["failure"] for line in outcomes if line.get("failure")]
     others = [line for line in outcomes if line["outcome"] == "failed" and not line.get("failure")]
     if failures or others:
@@ -134,7 +134,8 @@ def print_failures(outcomes: list[dict]) -> None:
                   + f"      replay: {recording.replay_command(pathlib.Path(failure['file']))}")
         for line in others:
             errors = [text[1:].strip() for text in (line.get("message") or "").splitlines() if text.startswith("E ")]
-            print(f"  {line['nodeid']}: failed" + (f": {errors[0][:300]}" if errors else ""))
+            print(f"  {line['nodeid']}: failed" + (f": {errors[0][:300]}" if errors else "")
+                  + f"\n      rerun: {recording.check_command(line['nodeid'], spec, profile)}")
 
 
 def print_maps(found: list) -> None:
