@@ -111,3 +111,22 @@ def test_a_replay_sets_where_the_adapter_found_the_kernel_files(tmp_path, monkey
         assert not any(word.startswith("MLA_FUSE_FAILURE_DIR") for word in words), line
     assert ("mla_fuse_conformance.properties.test_large_addresses::test_cache_entries_past_the_threshold"
             "[flash-fused-fp8]") in shlex.split(check), check
+
+
+def test_a_failing_check_prints_what_it_varies_and_a_rerun_line(capsys, monkeypatch):
+    """A check that is not one property's examples (the addresses past 2^31) printed its node id and
+    its first error line only: no command to rerun it (``Every failure is reproducible from what was
+    printed``), and for a control that failed at small addresses nothing said so. Now its trigger (the
+    check's docstring) and a pytest line that runs from anywhere."""
+    from mla_fuse_conformance.commands.verify import console
+
+    monkeypatch.setenv("MLA_FUSE_SGLANG_PATH", "/somewhere")
+    nodeid = "properties/test_large_addresses.py::test_query_rows_a_huge_stride_apart"
+    console.print_failures([{"outcome": "failed", "nodeid": nodeid, "message": "E   worker 'gw0' crashed"}],
+                           "sglang-triton", "mla_fuse.ci")
+    out = capsys.readouterr().out
+    assert f"{nodeid}: failed: worker 'gw0' crashed\n" in out, out
+    assert "      checks: Query rows a token stride apart that puts the last row 2^31 elements or more past" in out
+    rerun = re.search(r"^      rerun: (.+)$", out, re.M).group(1)
+    assert shlex.split(rerun)[0] == "MLA_FUSE_SGLANG_PATH=/somewhere" and \
+        "mla_fuse_conformance.properties.test_large_addresses::test_query_rows_a_huge_stride_apart" in rerun, rerun

@@ -89,10 +89,15 @@ def _require(impl, operation, case):
 
 
 def _checked_small_run(impl, case, operation, device):
+    """The control: the case at small addresses, against the reference (a failure here is not about
+    addresses, and says so first)."""
     built = tensors.build(case, device)
     expectation = oracle.expect(operation, built, impl)
     checks.call(impl, operation, built.args)
-    comparisons.assert_matches(built.buffers, {n: b.flat for n, b in built.buffers.items()}, expectation)
+    try:
+        comparisons.assert_matches(built.buffers, {n: b.flat for n, b in built.buffers.items()}, expectation)
+    except AssertionError as error:
+        raise AssertionError(f"at small addresses, before any past 2^31 (the control): {error}") from None
     return built
 
 
@@ -114,6 +119,11 @@ def _huge_cache_like(small: torch.Tensor, limit: int) -> tuple[torch.Tensor, int
      ("key_cache", "value_cache")),
 ], ids=["mla-fused-fp8", "mla-auto", "flash-fused-fp8", "flash-auto"])
 def test_cache_entries_past_the_threshold(mla_fuse_impl, mla_fuse_device, case, operation, caches):
+    """Cache entries 2^31 elements or more past the cache's start, written as at small addresses.
+
+    The case runs first at small addresses against the reference (the control), then with its caches'
+    written blocks moved past 2^31 + 2^16 elements (the slots shifted with them): the same bits in the
+    same entries, and every byte before them unchanged."""
     impl, device = mla_fuse_impl, mla_fuse_device
     case = _require(impl, operation, case)
     limit = threshold(device, len(caches) * (1 if case.kv_cache_dtype != "auto" else 2))
@@ -145,6 +155,11 @@ def test_cache_entries_past_the_threshold(mla_fuse_impl, mla_fuse_device, case, 
 
 
 def test_query_rows_a_huge_stride_apart(mla_fuse_impl, mla_fuse_device):
+    """Query rows a token stride apart that puts the last row 2^31 elements or more past the first,
+    rotated as packed rows.
+
+    The case runs first with packed rows against the reference (the control), then with its query
+    rows that far apart: the same bits, and nothing written between the rows."""
     impl, device = mla_fuse_impl, mla_fuse_device
     case = _require(impl, "rotary_embedding", ROPE)
     limit = threshold(device, 2)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import faulthandler
 import hashlib
+import importlib
 import importlib.util
 import json
 import os
@@ -383,6 +384,18 @@ def check_command(nodeid: str, spec: str, profile: str) -> str:
     check = {"property": f"{pathlib.PurePosixPath(path).stem}:{item.partition('[')[0]}", "impl": spec,
              "pythonpath": import_path(spec)}
     return pytest_command(check, nodeid, profile)
+
+
+def check_statement(nodeid: str) -> str | None:
+    """The first line of the docstring of the check ``nodeid`` names (what it varies: its trigger),
+    None where it has none or its module does not import."""
+    path, _, item = nodeid.partition("::")
+    try:
+        module = importlib.import_module(f"mla_fuse_conformance.properties.{pathlib.PurePosixPath(path).stem}")
+    except ImportError:
+        return None
+    doc = (getattr(getattr(module, item.partition("[")[0], None), "__doc__", None) or "").strip()
+    return doc.splitlines()[0] if doc else None
 
 
 def database_prefix(profile: str) -> str:

@@ -134,7 +134,9 @@ def print_failures(outcomes: list[dict], spec: str, profile: str) -> None:
                   + f"      replay: {recording.replay_command(pathlib.Path(failure['file']))}")
         for line in others:
             errors = [text[1:].strip() for text in (line.get("message") or "").splitlines() if text.startswith("E ")]
+            statement = recording.check_statement(line["nodeid"])
             print(f"  {line['nodeid']}: failed" + (f": {errors[0][:300]}" if errors else "")
+                  + (f"\n      checks: {statement}" if statement else "")
                   + f"\n      rerun: {recording.check_command(line['nodeid'], spec, profile)}")
 
 
