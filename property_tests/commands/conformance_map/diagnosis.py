@@ -13,8 +13,8 @@ Given hypothesis' shrunk failing case:
    ``cases/address_relations.py``: which rotated halves start 16-byte aligned) on every tried case. A
    relation that takes one value on every failing case tried and another
    on every passing one *separates* them. Each trigger field is explained by the relation that
-   separates its own values and explains most fields (greedy; of those explaining as many, the one
-   true of more of the failing cases tried: a relation the failure needs holds on each); a relation that separates every
+   separates its own values, is true of most failing cases tried (a relation the failure needs holds
+   on each) and explains most fields (greedy); a relation that separates every
    case tried is named as the trigger itself (``kv_cache block stride == block_size x entry
    stride: no fails, yes passes``).
 3. The cell is the conjunction of those relations (and, for a field no relation explains, its
@@ -251,13 +251,14 @@ def diagnose(prop, impl, run_example: Callable, case) -> Diagnosis:
             findings[path].explained_by = f"{name}: {separating[name]} fails"
         unexplained -= explains[name]
     # a condition is true of every case with the trigger, and a relation the failure needs holds on each
-    # failing case tried: first the relations that do, then those explaining most fields, then those true of
-    # more failing cases, then the first listed (``value_relations`` lists the narrower value bands first)
+    # failing case tried (but for a case failing by another defect): of the relations explaining a field
+    # left, first those true of more failing cases, then those explaining most fields, then the first listed
+    # (``value_relations`` lists the narrower value bands first)
     holds_on = {name: sum(case_fields.show(rel.get(name)) == case_fields.show(own[name]) for rel in failing_seen)
                 for name in names}
     while unexplained and names:  # (a kind of case without relations, a compile case: its fields alone)
-        name = max(names, key=lambda n: (holds_on[n] == len(failing_seen), len(explains[n] & unexplained),
-                                         holds_on[n], -names.index(n)))
+        name = max(names, key=lambda n: (bool(explains[n] & unexplained), holds_on[n], len(explains[n] & unexplained),
+                                         -names.index(n)))
         covered = explains[name] & unexplained
         if not covered:
             break
