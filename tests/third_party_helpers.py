@@ -1,8 +1,11 @@
 """What the tests of third-party adapters share (tests/test_flaggems.py, test_liger.py, test_flash_attn_rotary.py,
 test_sglang_triton.py, test_lmdeploy.py): a loader of an adapter pointed at the project's files, a rope table,
-seeded inputs, caches filled with a sentinel and their bits."""
+seeded inputs, caches filled with a sentinel and their bits, and the check of the engine lines adapters cite."""
 
 from __future__ import annotations
+
+import pathlib
+import re
 
 import torch
 
@@ -26,6 +29,24 @@ def adapter_loader(adapter_class, root: str | None, path_env_var: str, monkeypat
             setattr(impl, name, value)
         return impl
     return load
+
+
+def assert_cited_lines_hold(guard_tables, package: str, expected: dict[str, str], root: pathlib.Path) -> None:
+    """Every ``path:line`` the adapters' ``GUARDED_BY_CALLER`` tables cite (``package/...py:N``; a bare ``:N``
+    after one: that file's line N) is one of ``expected`` and holds its text in the file under ``root``: a
+    new or moved citation fails here."""
+    cited = set()
+    for guards in guard_tables:
+        for text in (text for by_limit in guards.values() for text in by_limit.values()):
+            path = None
+            for named, line in re.findall(rf"({package}/[\w/]+\.py)?:(\d+)", text):
+                path = named or path
+                if path is not None:
+                    cited.add(f"{path}:{line}")
+    assert cited == set(expected), sorted(cited ^ set(expected))
+    for citation, text in expected.items():
+        path, line = citation.rsplit(":", 1)
+        assert text in (root / path).read_text().splitlines()[int(line) - 1], citation
 
 
 def rope_table(rotary_dim: int, dtype, rows: int = 32) -> torch.Tensor:
