@@ -122,11 +122,12 @@ def test_a_failing_check_prints_what_it_varies_and_a_rerun_line(capsys, monkeypa
 
     monkeypatch.setenv("MLA_FUSE_SGLANG_PATH", "/somewhere")
     nodeid = "properties/test_large_addresses.py::test_query_rows_a_huge_stride_apart"
-    console.print_failures([{"outcome": "failed", "nodeid": nodeid, "message": "E   worker 'gw0' crashed"}],
-                           "sglang-triton", "mla_fuse.ci")
+    crashed = f"[gw0] linux -- Python 3.11\nworker 'gw0' crashed while running '{nodeid}'"  # xdist's message
+    console.print_failures([{"outcome": "failed", "nodeid": nodeid, "message": crashed}], "sglang-triton", "mla_fuse.ci")
     out = capsys.readouterr().out
-    assert f"{nodeid}: failed: worker 'gw0' crashed\n" in out, out
-    assert "      checks: Query rows a token stride apart that puts the last row 2^31 elements or more past" in out
+    assert f"{nodeid}: failed: worker 'gw0' crashed while running '{nodeid}'\n" in out, out
+    assert ("      checks: Query rows a token stride apart that puts the last row 2^31 elements or more past the first, "
+            "rotated as packed rows.\n") in out, out
     rerun = re.search(r"^      rerun: (.+)$", out, re.M).group(1)
     assert shlex.split(rerun)[0] == "MLA_FUSE_SGLANG_PATH=/somewhere" and \
         "mla_fuse_conformance.properties.test_large_addresses::test_query_rows_a_huge_stride_apart" in rerun, rerun

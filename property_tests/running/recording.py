@@ -387,15 +387,15 @@ def check_command(nodeid: str, spec: str, profile: str) -> str:
 
 
 def check_statement(nodeid: str) -> str | None:
-    """The first line of the docstring of the check ``nodeid`` names (what it varies: its trigger),
-    None where it has none or its module does not import."""
+    """The first paragraph of the docstring of the check ``nodeid`` names (what it varies: its trigger),
+    on one line; None where it has none or its module does not import."""
     path, _, item = nodeid.partition("::")
     try:
         module = importlib.import_module(f"mla_fuse_conformance.properties.{pathlib.PurePosixPath(path).stem}")
     except ImportError:
         return None
     doc = (getattr(getattr(module, item.partition("[")[0], None), "__doc__", None) or "").strip()
-    return doc.splitlines()[0] if doc else None
+    return " ".join(doc.split("\n\n")[0].split()) if doc else None
 
 
 def database_prefix(profile: str) -> str:

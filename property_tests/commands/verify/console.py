@@ -133,7 +133,9 @@ def print_failures(outcomes: list[dict], spec: str, profile: str) -> None:
                   + (f"      shrinking {failure['shrinking']}\n" if failure.get("shrinking") else "")
                   + f"      replay: {recording.replay_command(pathlib.Path(failure['file']))}")
         for line in others:
-            errors = [text[1:].strip() for text in (line.get("message") or "").splitlines() if text.startswith("E ")]
+            message = (line.get("message") or "").splitlines()
+            errors = ([text[1:].strip() for text in message if text.startswith("E ")]  # an assertion, an exception
+                      or [text.strip() for text in message if " crashed while running " in text])  # xdist: a worker died
             statement = recording.check_statement(line["nodeid"])
             print(f"  {line['nodeid']}: failed" + (f": {errors[0][:300]}" if errors else "")
                   + (f"\n      checks: {statement}" if statement else "")
