@@ -224,3 +224,33 @@ def test_an_unfused_write_is_never_explained_by_a_rotation():
     found = map_property(prop, impl, "cpu", fake_kernel(rotation_quantized), max_examples=40, rounds=1,
                          known=cases[:1])
     assert found.cells and not any(ROTATED_KEY_CODE in line for line in found.lines()), "\n".join(found.lines())
+
+
+def short_slots(case) -> bool:
+    return case.slots.length < case.tokens
+
+
+def fp8_half_the_data(case) -> bool:
+    """A partial trigger: the cache dtype named ``fp8``, where the first written latent value is positive
+    (about half the data)."""
+    rows = written(case)[0] if case.kv_cache_dtype == "fp8" else None
+    return rows is not None and rows.numel() > 0 and bool(rows.reshape(-1)[0] > 0)
+
+
+def test_a_cell_is_derived_outside_the_cells_found_before_it():
+    """Two defects: a short ``slot_mapping`` fails always, the cache dtype ``fp8`` for
+    half the data. The
+    second cell's ``kv_cache_dtype fp8`` was checked on cases outside it that failed by the first defect, as often as
+    inside: dropped (SGLang's reciprocal scale lost its near-tie relation to the short slot mapping's
+    crashes). Cases inside a cell found before do not apply to the next one."""
+    prop, impl = property_named(MLA_WRITE), load_implementation("reference")
+    either = fake_kernel(lambda case: short_slots(case) or fp8_half_the_data(case))
+    found = map_property(prop, impl, "cpu", either, max_examples=40, rounds=3)
+    text = "\n".join(found.lines())
+    first = found.cells[0].diagnosis["condition"]
+    assert ["relation", "slot_mapping length == tokens", "no"] in first, text
+    named = [cell.diagnosis for cell in found.cells[1:] if cell.diagnosis
+             and any(entry["conjunct"][1] == "kv_cache_dtype" for entry in cell.diagnosis["necessity"] or [])]
+    assert named, text
+    verdicts = [entry["verdict"] for entry in named[0]["necessity"] if entry["conjunct"][1] == "kv_cache_dtype"]
+    assert "dropped" not in verdicts and any(c[1] == "kv_cache_dtype" for c in named[0]["condition"]), text
