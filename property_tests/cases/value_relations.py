@@ -35,8 +35,9 @@ written):
   The built case is the same for a fused operation and its unfused write, so that relation is
   computed for every case with a table and named only in a rotating property's cells
   (``ROTATION_RELATIONS``; ``commands/conformance_map/diagnosis.py``). Both are listed before the wider
-  bands (rounding to zero, the subnormal range): of two relations explaining a failure as well, the
-  map names the first listed (a reciprocal scale's failures at subnormal ties are named by the tie).
+  bands (past a format's max, rounding to zero, the subnormal range): of two relations explaining a
+  failure as well, the map names the first listed (a reciprocal scale's failures at subnormal ties, or
+  among values beyond -240, are named by the tie).
 
 Bands are named by a format's range, not by a number a defect happened to show, so the same
 relation names the same thing in every case, and a value-conditioned defect gets a
@@ -118,6 +119,12 @@ def value_relations(built) -> dict[str, bool]:
     f = ref_fp8.FORMATS[fmt]
     quotients = [(values.float() / scale.float()).double() for values, scale in written]
     rounded = [torch.copysign(round_to_grid(q.abs(), f.mantissa_bits, f.min_exponent), q) for q in quotients]
+    # the narrow bands first: of relations explaining a failure as well, the map names the first listed
+    out[NEAR_TIE] = _any([_near_tie(q, f) & (q * scale.double() != values.double())
+                          for q, (values, scale) in zip(quotients, written)])
+    codes_differ = _rotated_key_codes_differ(built, fmt)
+    if codes_differ is not None:
+        out[ROTATED_KEY_CODE] = codes_differ
     for word, sign in SIGNS:
         out[f"a written x/scale rounding past the format's max, {'negative' if sign < 0 else 'positive'} "
             "(saturates)"] = _any(
@@ -126,12 +133,6 @@ def value_relations(built) -> dict[str, bool]:
             if limit < f.max_finite:
                 out[f"a written x/scale rounding {word} {sign * limit:+g} ({name}'s max)"] = _any(
                     [r * sign > limit for r in rounded])
-    # the narrow bands first: of relations explaining a failure as well, the map names the first listed
-    out[NEAR_TIE] = _any([_near_tie(q, f) & (q * scale.double() != values.double())
-                          for q, (values, scale) in zip(quotients, written)])
-    codes_differ = _rotated_key_codes_differ(built, fmt)
-    if codes_differ is not None:
-        out[ROTATED_KEY_CODE] = codes_differ
     out["a written x/scale rounding to fp8 zero (x nonzero)"] = _any(
         [(r == 0) & (q != 0) for q, r in zip(quotients, rounded)])
     out["a written x/scale in the fp8 subnormal range"] = _any(
