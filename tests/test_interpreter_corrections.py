@@ -45,6 +45,11 @@ def _bf16_negated_twice_minus_one(x_ptr, negated_ptr, BLOCK: tl.constexpr):
     tl.store(negated_ptr + offsets, -x * tl.full([BLOCK], 1.0, tl.bfloat16) - x)  # planted: -x - x
 
 
+def _bf16_times_one(x_ptr, out_ptr, BLOCK: tl.constexpr):
+    offsets = tl.arange(0, BLOCK)
+    tl.store(out_ptr + offsets, (tl.load(x_ptr + offsets) * 1.0).to(tl.bfloat16))  # SGLang's v * (1 / v_scale)
+
+
 def _interpreted(function):
     return InterpretedFunction(function)
 
@@ -78,6 +83,22 @@ def test_bf16_comparisons_and_negation_are_on_values():
     with corrected_interpreter():
         _interpreted(_bf16_negated_twice_minus_one)[(1,)](x, planted, BLOCK=4)
     assert planted.tolist() == [-3.0, 4.0, -6.5, -1.0], "a planted bf16 bug (-x - x) is computed as written"
+
+
+def test_a_bf16_nan_narrowed_from_fp32_keeps_its_bits():
+    """The correction narrowed fp32 to bf16 with torch's CPU conversion, which gives 0xffff for every NaN on
+    a CPU with AVX512-BF16: a value cache written through ``v * 1.0`` (SGLang's fused write with no scale)
+    read as a changed NaN (0x7fc0 -> 0xffff), a failure of the suite, not the kernel. Rounding stays
+    to nearest even (1 + 2^-8 + 2^-10 -> 1.0078125), and a NaN is quieted with its sign and payload."""
+    x = torch.tensor([0x7FC0, -0x0040, 0x7F81, 0x3F80], dtype=torch.int16).view(torch.bfloat16)  # NaN, -NaN, sNaN, 1
+    wide = torch.tensor([1 + 2.0 ** -8 + 2.0 ** -10])
+    out = torch.empty(4, dtype=torch.bfloat16)
+    with corrected_interpreter():
+        _interpreted(_bf16_times_one)[(1,)](x, out, BLOCK=4)
+        rounded = torch.empty(1, dtype=torch.bfloat16)
+        _interpreted(_bf16_times_one)[(1,)](wide, rounded, BLOCK=1)
+    assert [hex(v & 0xFFFF) for v in out.view(torch.int16).tolist()] == ["0x7fc0", "0xffc0", "0x7fc1", "0x3f80"]
+    assert rounded.item() == 1.0078125
 
 
 def test_contexts_nest_and_restore_triton_s_own_functions():

@@ -14,7 +14,8 @@ kernel launched in a run is corrected, a team's included (docs/THIRD_PARTY.md, "
 2. **bfloat16 conversions**: widening flushes bf16 subnormals to zero; narrowing fp32 (and fp16, through
    fp32) to bf16 truncates (1 + 2^-8 + 2^-10 is stored as 1.0 where a GPU stores 1.0078125). Corrected:
    bf16 -> fp32 exact (the bits shifted); fp32 -> bf16 in its default rounding rounds to nearest even (an
-   explicit ``fp_downcast_rounding="rtz"`` still truncates, as asked).
+   explicit ``fp_downcast_rounding="rtz"`` still truncates, as asked), on the bits, a NaN kept with its
+   sign and payload (torch's CPU conversion gives 0xffff for every NaN on CPUs with AVX512-BF16).
 3. **bfloat16 arithmetic**: the interpreter holds bf16 as its uint16 bits and runs arithmetic on those
    bits (``x * y`` multiplies the bit patterns, ``-x`` negates them as integers; Triton's debugging guide:
    the interpreter "does not support operations on bfloat16", triton#10919). Corrected: elementwise binary
@@ -62,9 +63,14 @@ def _widened(data: np.ndarray, dtype) -> np.ndarray:
 
 
 def _bf16_bits(values: np.ndarray) -> np.ndarray:
-    """float32 ``values`` rounded to nearest even as bfloat16, held as the interpreter holds it (uint16)."""
-    wide = torch.from_numpy(np.array(values, dtype=np.float32).reshape(-1))  # a copy: frombuffer is read-only
-    return wide.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16).reshape(np.shape(values))
+    """float32 ``values`` rounded to nearest even as bfloat16, held as the interpreter holds it (uint16);
+    a NaN stays that NaN, quieted (its sign and leading payload bits: ``bits >> 16 | 0x40``). Computed
+    on the bits: torch's CPU conversion turns every NaN into 0xffff on a CPU with AVX512-BF16, which made
+    a kernel that multiplies an untouched NaN by 1.0 (SGLang's value path) look as if it changed it."""
+    wide = np.array(values, dtype=np.float32).reshape(-1)
+    bits = wide.view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
+    return np.where(np.isnan(wide), (bits >> 16) | 0x40, rounded).astype(np.uint16).reshape(np.shape(values))
 
 
 def exact_convert_float(original, data, input_dtype, output_dtype, rounding_mode):
