@@ -103,7 +103,9 @@ def test_a_replay_sets_where_the_adapter_found_the_kernel_files(tmp_path, monkey
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     failure = {"property": "test_flash:test_fused_flash_matches_reference", "impl": "sglang-triton", "case": {}}
     record = json.loads(recording.save_failure(failure, "properties/test_flash.py::x", "mla_fuse.ci").read_text())
-    check = recording.check_command("properties/test_large_addresses.py::test_cache_entries_past_the_threshold"
+    from mla_fuse_conformance.commands.verify import console
+
+    check = console.check_command("properties/test_large_addresses.py::test_cache_entries_past_the_threshold"
                                     "[flash-fused-fp8]", "sglang-triton", "mla_fuse.ci")
     for line in (record["replay"], record["pytest"], check):
         words = shlex.split(line)

@@ -7,6 +7,8 @@ option as the user gave it (``contract.implementation.load_implementation(..., o
 
 from __future__ import annotations
 
+import os
+
 # pytest --pyargs mla_fuse_conformance --mla-fuse-impl=SPEC --mla-fuse-require=OP[,OP]
 PYTEST_IMPL_OPTION = "--mla-fuse-impl"
 PYTEST_REQUIRE_OPTION = "--mla-fuse-require"
@@ -39,3 +41,14 @@ def kernel_paths(environ) -> dict[str, str]:
     """The variables of ``environ`` naming where an adapter finds another project's kernel files."""
     return {name: value for name, value in sorted(environ.items())
             if name.startswith(KERNEL_PATH_PREFIX) and name.endswith(KERNEL_PATH_SUFFIX) and value}
+
+
+def replay_environment(environ) -> dict[str, str]:
+    """What a printed replay line sets before it runs: where the run's adapter found another project's
+    kernel files (``kernel_paths``, absolute: a new shell has none of them, and the adapter would look for
+    an installed package), and the user's own ``TRITON_INTERPRET`` (one mla-fuse set, a replay sets again)."""
+    environment = {name: os.path.abspath(value) for name, value in kernel_paths(environ).items()}
+    users = users_triton_interpret(environ)
+    if users is not None:
+        environment[TRITON_INTERPRET_ENV_VAR] = users
+    return environment

@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import faulthandler
 import hashlib
-import importlib
 import importlib.util
 import json
 import os
@@ -45,7 +44,7 @@ from typing import Callable
 import hypothesis
 
 from mla_fuse_conformance.cases import types as case_types
-from mla_fuse_conformance.declarations.options import TRITON_INTERPRET_ENV_VAR, kernel_paths, users_triton_interpret
+from mla_fuse_conformance.declarations.options import replay_environment
 from mla_fuse_conformance.running import failure_text, interpreter_watch
 from mla_fuse_conformance.settings import database, profiles
 
@@ -344,7 +343,7 @@ def save_failure(failure: dict, nodeid: str, profile: str) -> pathlib.Path:
     path = directory / name
     record = dict(failure, nodeid=nodeid, profile=profile, hypothesis_version=hypothesis.__version__,
                   pythonpath=recorded_import_path(failure))  # `mla-fuse repro FILE` imports the adapter from it
-    environment = replay_environment()
+    environment = replay_environment(os.environ)
     if environment:
         record["environment"] = environment
     record["replay"] = replay_command(path, record)
@@ -353,49 +352,16 @@ def save_failure(failure: dict, nodeid: str, profile: str) -> pathlib.Path:
     return path
 
 
-def replay_environment() -> dict[str, str]:
-    """What a printed replay line sets before it runs: where the run's adapter found another project's
-    kernel files (``MLA_FUSE_<PROJECT>_PATH``, absolute: a new shell has none of them, and the adapter
-    would look for an installed package), and the user's own ``TRITON_INTERPRET`` (one mla-fuse set, a
-    replay sets again)."""
-    environment = {name: str(pathlib.Path(value).absolute()) for name, value in kernel_paths(os.environ).items()}
-    users = users_triton_interpret(os.environ)
-    if users is not None:
-        environment[TRITON_INTERPRET_ENV_VAR] = users
-    return environment
-
-
 def pytest_command(failure: dict, nodeid: str, profile: str) -> str:
     """The property's pytest item, addressed through the installed suite so it runs from anywhere; under a
     profile with an example database in a directory (not derandomized), that directory by its absolute
     path (``$MLA_FUSE_HYPOTHESIS_DB``; the default one is relative to the run's directory)."""
     module, _, function = failure["property"].partition(":")
     item = function + (nodeid.partition("::" + function)[2] if "::" + function in nodeid else "")
-    environment = assignments(failure.get("environment", replay_environment()))
+    environment = assignments(failure.get("environment", replay_environment(os.environ)))
     return (f"{database_prefix(profile)}{environment}{python_with(recorded_import_path(failure))} -m pytest --pyargs "
             f"{shlex.quote(f'mla_fuse_conformance.properties.{module}::{item}')} "
             f"--mla-fuse-impl={shlex.quote(failure['impl'])} --hypothesis-profile={shlex.quote(profile)}")
-
-
-def check_command(nodeid: str, spec: str, profile: str) -> str:
-    """``pytest_command`` for a failing check that is not one property's examples (``nodeid``:
-    ``properties/test_large_addresses.py::test_query_rows_a_huge_stride_apart``), run from anywhere."""
-    path, _, item = nodeid.partition("::")
-    check = {"property": f"{pathlib.PurePosixPath(path).stem}:{item.partition('[')[0]}", "impl": spec,
-             "pythonpath": import_path(spec)}
-    return pytest_command(check, nodeid, profile)
-
-
-def check_statement(nodeid: str) -> str | None:
-    """The first paragraph of the docstring of the check ``nodeid`` names (what it varies: its trigger),
-    on one line; None where it has none or its module does not import."""
-    path, _, item = nodeid.partition("::")
-    try:
-        module = importlib.import_module(f"mla_fuse_conformance.properties.{pathlib.PurePosixPath(path).stem}")
-    except ImportError:
-        return None
-    doc = (getattr(getattr(module, item.partition("[")[0], None), "__doc__", None) or "").strip()
-    return " ".join(doc.split("\n\n")[0].split()) if doc else None
 
 
 def database_prefix(profile: str) -> str:

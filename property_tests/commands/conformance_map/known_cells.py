@@ -182,3 +182,18 @@ def diagnosis_of(entry: dict) -> dict | None:
             "pair": entry.get("pair"), "refined_from": None,
             "necessity": entry.get("necessity"), "admits": entry.get("admits")}
 
+
+def outside_cells(run_example: Callable, cells: list) -> Callable:
+    """``run_example`` for deriving the next cell: a case inside a cell found before fails by that cell's
+    defect, so there it does not apply (``diagnosis.outcome``: None), as the search rejects it; the new
+    cell's trigger, rate and necessity are shown on the other cases (a short ``slot_mapping``'s crash,
+    drawn while a rare fp8 rounding defect's conjuncts are checked, made a needed one look dropped)."""
+    conditions = tuple(cell.diagnosis["condition"] for cell in cells if cell.diagnosis and cell.diagnosis["condition"])
+    if not conditions:
+        return run_example
+
+    def run(case, *args):
+        if any(diagnosing.inside(condition, case) for condition in conditions):
+            raise UnsatisfiedAssumption("inside a cell found before")
+        return run_example(case, *args)
+    return run

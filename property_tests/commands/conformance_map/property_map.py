@@ -300,7 +300,7 @@ def map_property(prop, impl, device, run_example: Callable, max_examples: int, r
                 complete = True
                 break
             head = f"round {number}/{rounds}, cell {len(cells) + 1}"
-            cells.append(_cell(prop, impl, device, _outside_cells(run_example, cells), strategy, case, error,
+            cells.append(_cell(prop, impl, device, known_cells.outside_cells(run_example, cells), strategy, case, error,
                                on_step=lambda text, head=head: on_step(f"{head}: {text}")))
             cases.append(case)
             exclude.append(cells[-1].features)
@@ -326,22 +326,6 @@ def map_property(prop, impl, device, run_example: Callable, max_examples: int, r
                for axis, counts in sorted(passing.items(), key=lambda item: order.get(item[0], 99))}
     return PropertyMap(prop.name, prop.operations, [*carried, *cells], ordered, examples, complete,
                        note=note or None, stopped=stopped)
-
-
-def _outside_cells(run_example: Callable, cells: list) -> Callable:
-    """``run_example`` for deriving the next cell: a case inside a cell found before fails by that cell's
-    defect, so there it does not apply (``diagnosis.outcome``: None), as the search rejects it; the new
-    cell's trigger, rate and necessity are shown on the other cases (a short ``slot_mapping``'s crash,
-    drawn while a rare fp8 rounding defect's conjuncts are checked, made a needed one look dropped)."""
-    conditions = tuple(cell.diagnosis["condition"] for cell in cells if cell.diagnosis and cell.diagnosis["condition"])
-    if not conditions:
-        return run_example
-
-    def run(case, *args):
-        if any(diagnosing.inside(condition, case) for condition in conditions):
-            raise UnsatisfiedAssumption("inside a cell found before")
-        return run_example(case, *args)
-    return run
 
 
 def _count(passing: dict[str, collections.Counter], passed: list[dict]) -> None:

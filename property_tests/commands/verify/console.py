@@ -5,6 +5,7 @@ declared limits and the coverage, and last the defects, the baseline and where t
 from __future__ import annotations
 
 import collections
+import importlib
 import pathlib
 import textwrap
 
@@ -136,10 +137,31 @@ def print_failures(outcomes: list[dict], spec: str, profile: str) -> None:
             message = (line.get("message") or "").splitlines()
             errors = ([text[1:].strip() for text in message if text.startswith("E ")]  # an assertion, an exception
                       or [text.strip() for text in message if " crashed while running " in text])  # xdist: a worker died
-            statement = recording.check_statement(line["nodeid"])
+            statement = check_statement(line["nodeid"])
             print(f"  {line['nodeid']}: failed" + (f": {errors[0][:300]}" if errors else "")
                   + (f"\n      checks: {statement}" if statement else "")
-                  + f"\n      rerun: {recording.check_command(line['nodeid'], spec, profile)}")
+                  + f"\n      rerun: {check_command(line['nodeid'], spec, profile)}")
+
+
+def check_command(nodeid: str, spec: str, profile: str) -> str:
+    """``pytest_command`` for a failing check that is not one property's examples (``nodeid``:
+    ``properties/test_large_addresses.py::test_query_rows_a_huge_stride_apart``), run from anywhere."""
+    path, _, item = nodeid.partition("::")
+    check = {"property": f"{pathlib.PurePosixPath(path).stem}:{item.partition('[')[0]}", "impl": spec,
+             "pythonpath": recording.import_path(spec)}
+    return recording.pytest_command(check, nodeid, profile)
+
+
+def check_statement(nodeid: str) -> str | None:
+    """The first paragraph of the docstring of the check ``nodeid`` names (what it varies: its trigger),
+    on one line; None where it has none or its module does not import."""
+    path, _, item = nodeid.partition("::")
+    try:
+        module = importlib.import_module(f"mla_fuse_conformance.properties.{pathlib.PurePosixPath(path).stem}")
+    except ImportError:
+        return None
+    doc = (getattr(getattr(module, item.partition("[")[0], None), "__doc__", None) or "").strip()
+    return " ".join(doc.split("\n\n")[0].split()) if doc else None
 
 
 def print_maps(found: list) -> None:
