@@ -81,9 +81,7 @@ def written_values(built) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         return [(args[name], None) for name in ("query", "key") if args.get(name) is not None]
     if not isinstance(case, (MlaCase, FlashCase)):
         return []
-    slots = args["slot_mapping"].to("cpu", torch.int64)
-    rows = torch.arange(min(slots.numel(), case.tokens))
-    rows = rows[slots[: rows.numel()] >= 0]
+    rows = _written_rows(built)
     fp8 = case.kv_cache_dtype in FP8_FORMAT_OF_KV_CACHE_DTYPE
     if isinstance(case, MlaCase):
         scale = args["scale"].to("cpu") if fp8 else None
@@ -93,6 +91,13 @@ def written_values(built) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         scale = args[scale_name].to("cpu").reshape(1, -1, 1) if fp8 else None
         out.append((args[name].to("cpu")[rows], scale))
     return out
+
+
+def _written_rows(built) -> torch.Tensor:
+    """The token rows a cache write stores: among the first ``min(len(slot_mapping), tokens)``, slot >= 0."""
+    slots = built.args["slot_mapping"].to("cpu", torch.int64)
+    rows = torch.arange(min(slots.numel(), built.case.tokens))
+    return rows[slots[: rows.numel()] >= 0]
 
 
 def _any(flags: list[torch.Tensor]) -> bool:
@@ -161,9 +166,7 @@ def _rotated_key_codes_differ(built, fmt: str) -> bool | None:
     if table is None or positions is None:
         return None
     name, scale = ("k_pe", args["scale"]) if isinstance(case, MlaCase) else ("key", args["k_scale"])
-    slots = args["slot_mapping"].to("cpu", torch.int64)
-    rows = torch.arange(min(slots.numel(), case.tokens))
-    rows = rows[slots[: rows.numel()] >= 0]
+    rows = _written_rows(built)
     key = args[name].to("cpu")[rows]
     key = key[:, None, :] if key.dim() == 2 else key  # MLA's k_pe: one head
     table = table.to("cpu")

@@ -31,6 +31,8 @@ def users_triton_interpret(environ) -> str | None:
     """The user's own ``TRITON_INTERPRET`` in ``environ`` (None: unset, or the value mla-fuse set, marked)."""
     value = environ.get(TRITON_INTERPRET_ENV_VAR)
     return None if value is None or environ.get(SET_BY_MLA_FUSE_ENV_VAR) == value else value
+
+
 # Where an adapter of another project finds that project's kernel files (``MLA_FUSE_SGLANG_PATH``,
 # ``MLA_FUSE_FLAGGEMS_PATH``, ...: ``MLA_FUSE_<PROJECT>_PATH``): the kernel files are the implementation a
 # failure ran, so a printed replay line sets them as the run had them.
