@@ -112,6 +112,18 @@ def verify_one_deployment(tmp_path):
     return run
 
 
+@pytest.fixture
+def no_kernel_paths(monkeypatch):
+    """A test of the printed lines, where the shell exports none of the ``MLA_FUSE_<PROJECT>_PATH`` variables
+    (a developer's shell may: every one the run has is set in the lines, ``options.replay_environment``)."""
+    import os
+
+    from mla_fuse_conformance.declarations.options import kernel_paths
+
+    for name in kernel_paths(os.environ):
+        monkeypatch.delenv(name)
+
+
 @pytest.fixture(scope="session")
 def third_party_root(tmp_path_factory):
     """``find(module, path_env, wheel_env, project, requirement, only=())``: the directory ``$path_env`` is to

@@ -92,7 +92,7 @@ def test_every_printed_prefix_is_shell_quoted(tmp_path, monkeypatch):
     assert shlex.split(recording.database_prefix("mla_fuse.dev")) == [f"MLA_FUSE_HYPOTHESIS_DB={odd}"]
 
 
-def test_a_replay_sets_where_the_adapter_found_the_kernel_files(tmp_path, monkeypatch):
+def test_a_replay_sets_where_the_adapter_found_the_kernel_files(tmp_path, monkeypatch, no_kernel_paths):
     """``MLA_FUSE_SGLANG_PATH=DIR mla-fuse verify --impl sglang-triton`` printed replay lines without the
     variable: pasted into a new shell, the adapter looked for an installed SGLang and the replay exited 2
     (``SGLang is not found``). Every ``MLA_FUSE_<PROJECT>_PATH`` the run had is set in both printed lines
@@ -115,7 +115,7 @@ def test_a_replay_sets_where_the_adapter_found_the_kernel_files(tmp_path, monkey
             "[flash-fused-fp8]") in shlex.split(check), check
 
 
-def test_a_failing_check_prints_what_it_varies_and_a_rerun_line(capsys, monkeypatch):
+def test_a_failing_check_prints_what_it_varies_and_a_rerun_line(capsys, monkeypatch, no_kernel_paths):
     """A check that is not one property's examples (the addresses past 2^31) printed its node id and
     its first error line only: no command to rerun it (``Every failure is reproducible from what was
     printed``), and for a control that failed at small addresses nothing said so. Now its trigger (the

@@ -68,7 +68,7 @@ class Outside(ReferenceImplementation):
 """
 
 
-def test_a_failure_file_of_an_outside_adapter_replays_from_another_directory(tmp_path, monkeypatch):
+def test_a_failure_file_of_an_outside_adapter_replays_from_another_directory(tmp_path, monkeypatch, no_kernel_paths):
     """A team's adapter imported from its own directory: the file records that directory and the
     printed line carries it in ``PYTHONPATH`` with the file's absolute path, so both replay from
     elsewhere (before, only from the run's directory); a file without it says what to do."""
