@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from mla_fuse_conformance.cases import tensors as build
 from mla_fuse_conformance.cases import strategies
 from mla_fuse_conformance.contract.capabilities import CONTRACT, Capabilities, from_declaration
-from mla_fuse_conformance.cases.types import MlaCase, Placement, RopeCase, SlotSpec, TableSpec
+from mla_fuse_conformance.cases.types import FlashCase, MlaCase, Placement, RopeCase, SlotSpec, TableSpec
 from mla_fuse_conformance.cases.features import AXES, AXIS, features
 from mla_fuse_conformance.declarations.operations import OPERATIONS
 
@@ -172,3 +172,21 @@ def test_every_axis_value_is_reachable_by_the_strategies():
     collect()
     missing = {name: set(AXIS[name].values) - values for name, values in seen.items() if set(AXIS[name].values) - values}
     assert not missing
+
+
+def test_moving_a_one_pool_case_inside_the_limits_keeps_its_value_head_size_d():
+    """K and V in one pool are each D wide (``tensors._flash_caches``). Moving such a case to full rotary set D to
+    the rotary width and left Dv: SGLang's limit check (``value head size Dv != D``) then ran a case the builder
+    cannot lay out (``view value_cache does not fit in buffer kv_pool``), reported as the kernel's wrong result.
+    Now Dv follows D, and a case the builders cannot lay out is never drawn (``fields.valid``)."""
+    from mla_fuse_conformance.cases import fields
+
+    one_pool = FlashCase(seed=6, tokens=4, heads=2, kv_heads=2, head_size=32, value_head_size=32, dtype="bfloat16",
+                         kv_cache_dtype="auto", num_blocks=2, block_size=4, slots=SlotSpec(length=4),
+                         table=TableSpec("plain", 16, 16), kv_form="flashinfer")
+    caps = Capabilities(partial_rotary=False)
+    moved = caps.project(one_pool)
+    assert (moved.head_size, moved.value_head_size, moved.kv_form) == (16, 16, "flashinfer")
+    pinned = caps.only("value head size", "Dv != D").project(one_pool)
+    assert (pinned.head_size, pinned.value_head_size, pinned.kv_form) == (16, 17, "split")
+    assert not fields.valid(dataclasses.replace(one_pool, value_head_size=16))

@@ -407,8 +407,6 @@ def test_a_limit_is_handled_only_by_cases_that_reach_it():
     kernel does. Such cases leave the limit "not reached"; one case that writes makes it "handled"."""
     import dataclasses
 
-    from hypothesis import strategies as st
-
     from mla_fuse_conformance.cases.types import MlaCase, SlotSpec, TableSpec
 
     padded = MlaCase(seed=1, tokens=2, heads=2, latent=3, rotary_dim=4, dtype="float16", kv_cache_dtype="fp8_e4m3",
@@ -416,31 +414,72 @@ def test_a_limit_is_handled_only_by_cases_that_reach_it():
                      table=TableSpec(style="plain", rotary_dim=4, max_position=8), cache_storage="float8")
     written = dataclasses.replace(padded, slots=SlotSpec(length=2))
 
-    class Caps:
-        def only(self, axis, value):
-            return self
-
-    class Impl:
-        guarded_by_caller = {}
-
-        def caps(self, operation):
-            return Caps()
-
-    class Prop:
-        rotates = False
-
-        def __init__(self, cases):
-            self.cases = cases
-
-        def strategy_for(self, impl, capabilities):
-            return st.sampled_from(self.cases)
-
-    never_writes = check_limit(Prop([padded]), Impl(), lambda case: None, "concat_and_cache_mla", "fp8 storage",
-                               "float8")
+    never_writes = check_limit(_Drawing([padded]), _NoLimits(), lambda case: None, "concat_and_cache_mla",
+                               "fp8 storage", "float8")
     assert never_writes.outcome == "not reached" and "none of them wrote" in never_writes.detail, never_writes
-    writes = check_limit(Prop([padded, written]), Impl(), lambda case: None, "concat_and_cache_mla", "fp8 storage",
-                         "float8")
+    writes = check_limit(_Drawing([padded, written]), _NoLimits(), lambda case: None, "concat_and_cache_mla",
+                         "fp8 storage", "float8")
     assert writes.outcome == "handled" and writes.examples >= 1, writes
+
+
+def test_a_limit_check_leaves_out_the_cases_inside_the_maps_cells(tmp_path, monkeypatch):
+    """SGLang's limit check ran a case with per-head scales whose slot mapping was short: it crashed by the
+    short-slot defect (a map cell), and the per-head limit read as unguarded. A case inside a failing cell the
+    run's map derived for the operation is now left out unrun and counted; a cell of another operation is not
+    applied; with every case inside, the limit is not reached (not judged), never handled."""
+    import dataclasses
+
+    from mla_fuse_conformance.cases.types import MlaCase, SlotSpec, TableSpec
+
+    monkeypatch.chdir(tmp_path)
+    other = MlaCase(seed=1, tokens=2, heads=2, latent=3, rotary_dim=4, dtype="float16", kv_cache_dtype="auto",
+                    num_blocks=2, block_size=2, slots=SlotSpec(length=2), table=TableSpec("plain", 4, 8))
+    defect = dataclasses.replace(other, dtype="bfloat16", kv_cache_dtype="auto")
+    ran = []
+
+    def run(case):
+        ran.append(case)
+        assert case.dtype != "bfloat16", "the map's defect"
+
+    cell = {"id": "bf16-cell", "property": "p", "operations": ["concat_and_cache_mla"], "found_by": "p",
+            "condition": {"text": "dtype: bfloat16", "data": None, "features": {"dtype": "bfloat16"}}}
+    check = lambda cases, cells: check_limit(_Drawing(cases), _NoLimits(), run, "concat_and_cache_mla",  # noqa: E731
+                                             "fp8 storage", "float8", cells=cells)
+    assert check([defect], []).outcome == "unguarded: wrong result"
+    ran.clear()
+    handled = check([defect, other], [cell])
+    assert handled.outcome == "handled" and "inside the map's failing cells left out (bf16-cell)" in handled.detail
+    assert defect not in ran and other in ran, handled
+    assert check([defect], [cell]).outcome == "not reached"
+    assert check([defect], [dict(cell, operations=["rotary_embedding"])]).outcome == "unguarded: wrong result"
+
+
+class _NoLimits:
+    """An implementation whose every case is inside (``check_limit``'s strategy is the property's own)."""
+
+    guarded_by_caller: dict = {}
+    spec = "reference"
+
+    def caps(self, operation):
+        return self
+
+    def only(self, axis, value):
+        return self
+
+
+class _Drawing:
+    """A property drawing from ``cases``."""
+
+    rotates = False
+    name, operations = "test_mla:test_mla_cache_write_matches_reference", ("concat_and_cache_mla",)
+
+    def __init__(self, cases):
+        self.cases = cases
+
+    def strategy_for(self, impl, capabilities):
+        from hypothesis import strategies as st
+
+        return st.sampled_from(self.cases)
 
 
 def test_an_unguarded_declared_limit_fails_the_verdict_whose_properties_pass(user_dir):

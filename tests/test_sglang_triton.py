@@ -347,11 +347,15 @@ GUARD_LINES = {"sglang/srt/mem_cache/allocator/token.py:61": "self.free_pages[:n
                "sglang/srt/model_executor/forward_batch_info.py:1216": "torch.tensor(positions",
                "sglang/kernels/ops/attention/position.py:13": "positions = torch.empty(",
                "sglang/srt/models/gpt_oss.py:474": "q, k, v = qkv.split(",
-               "sglang/srt/layers/rotary_embedding/base.py:493": "query = query.view(tokens, -1, qk_head_dim)"}
+               "sglang/srt/layers/rotary_embedding/base.py:493": "query = query.view(tokens, -1, qk_head_dim)",
+               "sglang/srt/layers/rotary_embedding/base.py:119": "if not (_is_cuda or _is_hip",
+               "sglang/srt/layers/rotary_embedding/base.py:210": "self.cos_sin_cache = self.cos_sin_cache.to(query.device)",
+               "sglang/srt/layers/rotary_embedding/base.py:477": "if fused_set_kv_buffer_arg is not None and _is_hip:",
+               "sglang/srt/layers/rotary_embedding/base.py:499": "cos_sin=self.cos_sin_cache,"}
 
 
 def test_the_caller_guards_cite_what_sglangs_lines_hold(sglang_root, monkeypatch):
-    """Every ``path:line`` of ``GUARDED_BY_CALLER`` (the strided-index limits SGLang's callers never reach) is
+    """Every ``path:line`` of ``GUARDED_BY_CALLER`` (the limits SGLang's callers never reach) is
     one of ``GUARD_LINES`` and holds its text in the wheel: a new or moved citation fails here."""
     from mla_fuse_conformance.adapters.sglang_triton import GUARDED_BY_CALLER, package_dir
 

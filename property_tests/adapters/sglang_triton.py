@@ -113,7 +113,8 @@ MLA = Capabilities(kv_cache_dtypes=("auto", "float32", "bfloat16", "float16", *E
 # * padded tokens at slot 0 (create_fused_set_kv_buffer_arg: ``slot_mapping: forward_batch.out_cache_loc``).
 # * one k_scale / v_scale per layer (radix_attention.py:94, a layer's ``k_scale``): no per-head scales;
 # * base.py:493 ``query.view(tokens, -1, qk_head_dim)`` raises for 0 tokens (-1 is ambiguous): no empty batch;
-# * base.py:499 passes ``self.cos_sin_cache``, which SGLang keeps float32 on ROCm (base.py:206-210);
+# * base.py:499 passes ``self.cos_sin_cache``, which SGLang keeps float32 on ROCm (base.py:119, 206-210;
+#   ``GUARDED_BY_CALLER``: the kernel computes in the table's dtype, so the limit is checked);
 # * positions and the slot mapping are never strided where SGLang calls it (``GUARDED_BY_CALLER``; the kernel
 #   reads ``slot_mapping_ptr + pid_t``, line 329, and the positions likewise, so the limit is checked);
 # * q, k and v are column slices of one qkv projection, heads packed, where SGLang calls it (``GUARDED_BY_CALLER``:
@@ -136,10 +137,14 @@ SGLANG_POSITIONS = ("sglang/srt/model_executor/forward_batch_info.py:1216 (torch
 SGLANG_QKV = ("sglang/srt/models/gpt_oss.py:474 (q, k, v = qkv.split(...): column slices of one projection, "
               "one of the models that pass the fused argument) and sglang/srt/layers/rotary_embedding/base.py:493 "
               "(query.view(tokens, -1, qk_head_dim)): heads packed")
+SGLANG_TABLE = ("sglang/srt/layers/rotary_embedding/base.py:119 (the cos/sin cache not cast to the model's dtype on "
+                "HIP), :210 (_match_cos_sin_cache_dtype moves it, float32, on HIP), :477 (the fused call, taken on "
+                "HIP only) and :499 (cos_sin=self.cos_sin_cache): float32")
 GUARDED_BY_CALLER = {"concat_and_cache_mla": {"slot_mapping layout strided": SGLANG_SLOTS},
                      "rope_and_reshape_and_cache_flash": {"slot_mapping layout strided": SGLANG_SLOTS,
                                                           "positions layout strided": SGLANG_POSITIONS,
-                                                          "head stride other": SGLANG_QKV}}
+                                                          "head stride other": SGLANG_QKV,
+                                                          "table dtype input dtype": SGLANG_TABLE}}
 # SGLang's calls these stand in for: its MLA pool's write (the Triton branch SGLang takes below SM90) and its
 # rotary's fused rope + cache write (``sglang-rope-cache``: the same call, views and pool, which base.py:477-507
 # sends to this kernel on ROCm); every deployment of those layouts runs against them.

@@ -285,8 +285,9 @@ def valid(case) -> bool:
         return False
     if isinstance(case, MlaCase):
         return case.rotary_dim % 2 == 0 and case.latent >= 1 and case.table.rotary_dim == case.rotary_dim
+    one_pool = case.kv_form != "split"  # K and V views of one pool, each D wide (tensors._flash_caches)
     return (case.head_size >= case.table.rotary_dim and case.table.rotary_dim % 2 == 0 and case.kv_heads >= 1
-            and case.heads % case.kv_heads == 0)
+            and case.heads % case.kv_heads == 0 and not (one_pool and case.value_head_size != case.head_size))
 
 
 def vary(case, path: str, value):

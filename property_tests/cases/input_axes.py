@@ -136,7 +136,10 @@ def rotary_of(case):
 
 def set_rotary(case, value):
     rotary_dim = case.table.rotary_dim
-    return replace(case, head_size=rotary_dim if value == "full" else rotary_dim + 2)
+    head_size = rotary_dim if value == "full" else rotary_dim + 2
+    if isinstance(case, FlashCase) and case.value_head_size == case.head_size:  # Dv = D kept (a one-pool cache)
+        return replace(case, head_size=head_size, value_head_size=head_size)
+    return replace(case, head_size=head_size)
 
 
 def gqa_of(case):

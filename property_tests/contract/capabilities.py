@@ -20,6 +20,7 @@ from typing import Any, Iterable, Mapping
 
 from mla_fuse_conformance.cases.types import FlashCase, MlaCase
 from mla_fuse_conformance.cases.features import AXES, AXIS, axes_for, features
+from mla_fuse_conformance.cases.fields import valid
 from mla_fuse_conformance.declarations.dtypes import FLOAT_DTYPES, FP8_STORAGES, INDEX_DTYPES, KV_CACHE_DTYPES
 from mla_fuse_conformance.declarations.operations import OPERATIONS
 
@@ -150,7 +151,7 @@ class Capabilities:
                     return None
                 case = moved
             if self.allows(case, rotates):
-                return case
+                return case if valid(case) else None  # not one the builders lay out (a one-pool Dv != D)
         return None
 
     def _fit_sizes(self, case, rotates: bool):

@@ -210,6 +210,6 @@ def check_limits(impl, executor, phase: MapPhase, shown, deadline: float, clock,
         shown.update(f"mla-fuse verify: checking the declared limits: {len(phase.limits)} done, now {op} "
                      f"{axis} {value}, {progress.elapsed(clock() - started)}")
         phase.limits.append(check_limit(prop, impl, lambda case, p=prop: executor.run(p.name, case, False),
-                                        op, axis, value, device=executor.device))
+                                        op, axis, value, device=executor.device, cells=found_before(phase.maps)))
         phases["limits"] = round(clock() - started, 1)
     phase.limits_checked, phases["limits"] = True, round(clock() - started, 1)
