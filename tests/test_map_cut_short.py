@@ -98,7 +98,7 @@ def views(found) -> tuple[dict, str, str]:
     ("holds", "running it at each value it admits", 2),
 ])
 def test_a_budget_spent_while_the_first_cell_is_derived_keeps_it_cut_short(user_dir, monkeypatch, step,  # noqa: F811
-                                                                           budget_step, after):
+                                                                           budget_step, after, no_kernel_paths):
     found = mapped(monkeypatch, budget_step, after)
     assert found.stopped == "budget" and not found.complete
     assert len(found.cells) == 1, found.lines()
