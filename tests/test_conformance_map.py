@@ -444,7 +444,7 @@ def test_a_limit_check_leaves_out_the_cases_inside_the_maps_cells(tmp_path, monk
     cell = {"id": "bf16-cell", "property": "p", "operations": ["concat_and_cache_mla"], "found_by": "p",
             "condition": {"text": "dtype: bfloat16", "data": None, "features": {"dtype": "bfloat16"}}}
     check = lambda cases, cells: check_limit(_Drawing(cases), _NoLimits(), run, "concat_and_cache_mla",  # noqa: E731
-                                             "fp8 storage", "float8", cells=cells)
+                                             "kv_cache_dtype", "auto", cells=cells)
     assert check([defect], []).outcome == "unguarded: wrong result"
     ran.clear()
     handled = check([defect, other], [cell])
@@ -452,6 +452,35 @@ def test_a_limit_check_leaves_out_the_cases_inside_the_maps_cells(tmp_path, monk
     assert defect not in ran and other in ran, handled
     assert check([defect], [cell]).outcome == "not reached"
     assert check([defect], [dict(cell, operations=["rotary_embedding"])]).outcome == "unguarded: wrong result"
+
+
+def test_per_head_scales_are_reached_only_with_more_than_one_key_head(tmp_path, monkeypatch):
+    """SGLang's fused write reads the first scale only (``tl.load(k_scale_ptr)``): its per-head limit read as
+    "handled" from five cases that did not reach it: of one key head (a scale per head is one scale) or of a
+    cache without fp8 (no scale applies, the axis has no value). A case of one head passes without reaching the
+    limit: another is drawn, and a kernel that passes only those leaves the limit not reached; a case where
+    the axis does not apply is never run."""
+    import dataclasses
+
+    from mla_fuse_conformance.cases.types import FlashCase, ScaleSpec, SlotSpec, TableSpec
+
+    monkeypatch.chdir(tmp_path)
+    per_head = ScaleSpec(mantissa=1.5, per_head=True)
+    one_head = FlashCase(seed=6, tokens=4, heads=2, kv_heads=1, head_size=8, value_head_size=8, dtype="bfloat16",
+                         kv_cache_dtype="fp8_e4m3", num_blocks=2, block_size=4, slots=SlotSpec(length=4),
+                         table=TableSpec("plain", 8, 16), cache_storage="uint8", k_scale=per_head, v_scale=per_head)
+    two_heads = dataclasses.replace(one_head, heads=4, kv_heads=2)
+
+    def first_scale_only(case):
+        assert case.kv_heads == 1, "head 1 quantized with head 0's scale"
+
+    check = lambda cases: check_limit(_Drawing(cases, "rope_and_reshape_and_cache_flash"), _NoLimits(),  # noqa: E731
+                                      first_scale_only, "rope_and_reshape_and_cache_flash", "per-head scales", "yes")
+    not_reached = check([one_head])
+    assert not_reached.outcome == "not reached" and "more than one key head" in not_reached.detail, not_reached
+    assert check([one_head, two_heads]).outcome == "unguarded: wrong result"
+    no_fp8 = dataclasses.replace(two_heads, kv_cache_dtype="auto", cache_storage="source")
+    assert check([no_fp8]).outcome == "not reached"
 
 
 class _NoLimits:
@@ -471,10 +500,10 @@ class _Drawing:
     """A property drawing from ``cases``."""
 
     rotates = False
-    name, operations = "test_mla:test_mla_cache_write_matches_reference", ("concat_and_cache_mla",)
+    name = "test_mla:test_mla_cache_write_matches_reference"
 
-    def __init__(self, cases):
-        self.cases = cases
+    def __init__(self, cases, operation="concat_and_cache_mla"):
+        self.cases, self.operations = cases, (operation,)
 
     def strategy_for(self, impl, capabilities):
         from hypothesis import strategies as st

@@ -351,7 +351,10 @@ GUARD_LINES = {"sglang/srt/mem_cache/allocator/token.py:61": "self.free_pages[:n
                "sglang/srt/layers/rotary_embedding/base.py:119": "if not (_is_cuda or _is_hip",
                "sglang/srt/layers/rotary_embedding/base.py:210": "self.cos_sin_cache = self.cos_sin_cache.to(query.device)",
                "sglang/srt/layers/rotary_embedding/base.py:477": "if fused_set_kv_buffer_arg is not None and _is_hip:",
-               "sglang/srt/layers/rotary_embedding/base.py:499": "cos_sin=self.cos_sin_cache,"}
+               "sglang/srt/layers/rotary_embedding/base.py:499": "cos_sin=self.cos_sin_cache,",
+               "sglang/srt/layers/quantization/kv_cache.py:39": "layer.k_scale = torch.nn.Parameter(",
+               "sglang/srt/layers/quantization/kv_cache.py:77": "Only support per-tensor scaling factor",
+               "sglang/srt/models/utils.py:359": '"k_scale": layer.k_scale,'}
 
 
 def test_the_caller_guards_cite_what_sglangs_lines_hold(sglang_root, monkeypatch):

@@ -111,7 +111,8 @@ MLA = Capabilities(kv_cache_dtypes=("auto", "float32", "bfloat16", "float16", *E
 # * line 644: the table's width is D or 2D: R = D (no partial rotary);
 # * flash_layout=True takes [NB, B, Hkv, D] caches with their strides (lines 690-702): every order;
 # * padded tokens at slot 0 (create_fused_set_kv_buffer_arg: ``slot_mapping: forward_batch.out_cache_loc``).
-# * one k_scale / v_scale per layer (radix_attention.py:94, a layer's ``k_scale``): no per-head scales;
+# * one k_scale / v_scale per layer (radix_attention.py:94, a layer's ``k_scale``): no per-head scales
+#   (``GUARDED_BY_CALLER``: the kernel reads the first scale, ``tl.load(k_scale_ptr)``, so the limit is checked);
 # * base.py:493 ``query.view(tokens, -1, qk_head_dim)`` raises for 0 tokens (-1 is ambiguous): no empty batch;
 # * base.py:499 passes ``self.cos_sin_cache``, which SGLang keeps float32 on ROCm (base.py:119, 206-210;
 #   ``GUARDED_BY_CALLER``: the kernel computes in the table's dtype, so the limit is checked);
@@ -140,11 +141,15 @@ SGLANG_QKV = ("sglang/srt/models/gpt_oss.py:474 (q, k, v = qkv.split(...): colum
 SGLANG_TABLE = ("sglang/srt/layers/rotary_embedding/base.py:119 (the cos/sin cache not cast to the model's dtype on "
                 "HIP), :210 (_match_cos_sin_cache_dtype moves it, float32, on HIP), :477 (the fused call, taken on "
                 "HIP only) and :499 (cos_sin=self.cos_sin_cache): float32")
+SGLANG_SCALES = ("sglang/srt/layers/quantization/kv_cache.py:39 (layer.k_scale, one float32 element), :77 (raise "
+                 "ValueError: only per-tensor scaling factors for an fp8 KV cache) and sglang/srt/models/utils.py:359 "
+                 "(the fused call's k_scale is layer.k_scale): one scale per layer")
 GUARDED_BY_CALLER = {"concat_and_cache_mla": {"slot_mapping layout strided": SGLANG_SLOTS},
                      "rope_and_reshape_and_cache_flash": {"slot_mapping layout strided": SGLANG_SLOTS,
                                                           "positions layout strided": SGLANG_POSITIONS,
                                                           "head stride other": SGLANG_QKV,
-                                                          "table dtype input dtype": SGLANG_TABLE}}
+                                                          "table dtype input dtype": SGLANG_TABLE,
+                                                          "per-head scales yes": SGLANG_SCALES}}
 # SGLang's calls these stand in for: its MLA pool's write (the Triton branch SGLang takes below SM90) and its
 # rotary's fused rope + cache write (``sglang-rope-cache``: the same call, views and pool, which base.py:477-507
 # sends to this kernel on ROCm); every deployment of those layouts runs against them.

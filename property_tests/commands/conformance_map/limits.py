@@ -11,7 +11,8 @@ Each limit's outcome:
   keeps that guard (``guarded_by``), is listed with it, and the verdict does not fail on it;
 * ``refused``: every case that reached it raised before writing (the first exception's type and line);
 * ``handled``: such cases pass (the limit could be widened), counted only from cases that wrote an entry
-  or rotated a row (``reaches``);
+  or rotated a row, with more than one key head for per-head scales (``reaches``); a case that passed
+  without reaching it is counted apart and another drawn in its place;
 * ``not reached``: no case with that value could be drawn, or none of those drawn did that work.
 
 A case inside a failing cell the run's map derived for that operation (``cells``: its condition holds,
@@ -28,6 +29,7 @@ from typing import Callable, Sequence
 from hypothesis import reject
 
 from mla_fuse_conformance.cases import tensors
+from mla_fuse_conformance.cases.features import features
 from mla_fuse_conformance.commands.conformance_map.diagnosis import FAILURES, _base
 from mla_fuse_conformance.commands.conformance_map.known_cells import Sorter
 from mla_fuse_conformance.commands.conformance_map.property_map import search
@@ -80,12 +82,14 @@ def harm(error: BaseException) -> str:
     return "stray write" if lines and " wrote, then raised " in lines[0] else "wrong result"
 
 
-def reaches(case, operation: str) -> bool:
+def reaches(case, operation: str, axis: str = "") -> bool:
     """Whether ``case`` runs ``operation``'s work at all: a row to rotate or copy (``tokens > 0``) and,
     for an operation that writes a cache, an entry written (a slot >= 0). A limit on the cache's
-    dtype or storage, say, is met only by a case that stores something."""
+    dtype or storage, say, is met only by a case that stores something. Per-head scales differ from one
+    scale only with more than one key head (SGLang's kernel reads the first: cases of one head passed, and
+    the limit read as handled)."""
     case = _base(case)
-    if case.tokens <= 0:
+    if case.tokens <= 0 or (axis == "per-head scales" and case.kv_heads < 2):
         return False
     if operation not in CACHING_OPERATIONS:
         return True
@@ -99,10 +103,11 @@ def check_limit(prop, impl, run_example: Callable, operation: str, axis: str, va
     module docstring's outcomes. A refused case is noted and the search goes on (a kernel may refuse some
     cases and corrupt others); the first case that does harm ends it. ``cells``: the failing cells the run's
     map derived (report.json entries with ``found_by``); a case inside one of ``operation``'s is left out."""
-    strategy = prop.strategy_for(impl, capabilities=impl.caps(operation).only(axis, value))
+    strategy = prop.strategy_for(impl, capabilities=impl.caps(operation).only(axis, value)).filter(
+        lambda case: features(_base(case), prop.rotates).get(axis) == value)  # the axis applies (a scale: fp8)
     guarded_by = impl.guarded_by_caller.get(operation, {}).get(f"{axis} {value}")
     sorter = Sorter(run_example, prop.rotates, [cell for cell in cells if operation in cell.get("operations", ())])
-    reached, refused, inside = [], [], []
+    refused, inside, unreached = [], [], []
 
     def run_counted(case):
         found = sorter.inside(case) if sorter.known else []
@@ -117,10 +122,12 @@ def check_limit(prop, impl, run_example: Callable, operation: str, axis: str, va
                 raise
             refused.append(refused_with)
             return
-        reached.append(reaches(case, operation))
+        if not reaches(case, operation, axis):  # passed without doing the work: another case is drawn
+            unreached.append(case)
+            reject()
 
     case, error, passed = search(prop, strategy, run_counted, [], max_examples, shrink=False)
-    examples = len(passed) + len(refused) + (case is not None)
+    examples = len(passed) + len(refused) + len(unreached) + (case is not None)
     left_out = (f"; {len(inside)} case{'s' * (len(inside) > 1)} inside the map's failing cells left out "
                 f"({', '.join(sorted(set(inside)))})" if inside else "")
     if case is not None:
@@ -134,12 +141,13 @@ def check_limit(prop, impl, run_example: Callable, operation: str, axis: str, va
                           examples, str(path), guarded_by)
     if refused:
         return LimitCheck(operation, axis, value, "refused", refused[0] + left_out, examples, guarded_by=guarded_by)
+    if not passed and unreached:
+        return LimitCheck(operation, axis, value, "not reached", f"{len(unreached)} examples passed, none of them "
+                          "wrote an entry or rotated a row" + (" with more than one key head" if axis ==
+                                                                "per-head scales" else "") + left_out, 0)
     if not passed:
         drawn = ("every case drawn was inside a failing cell of the map" if inside
                  else "no case with this value could be drawn")
         return LimitCheck(operation, axis, value, "not reached", drawn + left_out, 0)
-    if not any(reached):
-        return LimitCheck(operation, axis, value, "not reached",
-                          f"{len(passed)} examples passed, none of them wrote an entry or rotated a row" + left_out, 0)
-    return LimitCheck(operation, axis, value, "handled", f"{sum(reached)} examples that reached it passed" + left_out,
-                      sum(reached))
+    return LimitCheck(operation, axis, value, "handled", f"{len(passed)} examples that reached it passed" + left_out,
+                      len(passed))
