@@ -216,3 +216,12 @@ def test_verify_s_map_keeps_the_cell_its_budget_cut_while_shrinking(user_dir):  
     assert found.cells[0].diagnosis["cut_short"] == cut_short.STEPS["shrinking"]
     assert printed[-1].endswith(": 1 failing cells\n"), printed
     assert repro.replay(json.loads(open(found.cells[0].file).read())) == repro.REPRODUCED
+
+
+def test_a_crashed_worker_is_named_so_in_the_failing_id():
+    """flash-attn's int32 defect crashes the pytest-xdist worker running an address check, which reports the
+    phase as ``???``: the failing id read ``failed test (???)``; it says ``crashed``."""
+    outcome = {"nodeid": "properties/test_large_addresses.py::test_query_rows_a_huge_stride_apart",
+               "outcome": "failed", "when": "???", "failure": None}
+    assert failed_test_id(outcome) == ("test_large_addresses:test_query_rows_a_huge_stride_apart | failed test "
+                                       "(crashed) | test_large_addresses.py::test_query_rows_a_huge_stride_apart")

@@ -70,8 +70,11 @@ def match_key(failing_id: str) -> str:
 
 
 def failed_test_id(line: dict) -> str:
+    """``property | failed test (KIND) | file.py::test[params]``: KIND the failure's class, else the phase that
+    failed (``call``, ``setup``), ``crashed`` for a worker that died (pytest-xdist reports its phase as ``???``)."""
     failure = line.get("failure") or {}
-    kind = kind_class(failure["kind"]) if failure.get("kind") else line.get("when", "call")
+    when = line.get("when", "call")
+    kind = kind_class(failure["kind"]) if failure.get("kind") else "crashed" if when == "???" else when
     return f"{failure.get('property') or property_key(line['nodeid'])} | {FAILED_TEST} ({kind}) | " \
            f"{short_nodeid(line['nodeid'])}"
 
