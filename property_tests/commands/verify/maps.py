@@ -202,7 +202,7 @@ def check_limits(impl, executor, phase: MapPhase, shown, deadline: float, clock,
     """Each declared limit, checked with a few cases just outside it, until the budget is spent."""
     from mla_fuse_conformance.commands.conformance_map.limits import check_limit
 
-    started = clock()
+    started, cells = clock(), found_before(phase.maps)  # the map is done: its cells are the same for every limit
     for op, prop, axis, value in declared_limits(impl):
         if clock() >= deadline:
             phase.stopped = "budget"
@@ -210,6 +210,6 @@ def check_limits(impl, executor, phase: MapPhase, shown, deadline: float, clock,
         shown.update(f"mla-fuse verify: checking the declared limits: {len(phase.limits)} done, now {op} "
                      f"{axis} {value}, {progress.elapsed(clock() - started)}")
         phase.limits.append(check_limit(prop, impl, lambda case, p=prop: executor.run(p.name, case, False),
-                                        op, axis, value, device=executor.device, cells=found_before(phase.maps)))
+                                        op, axis, value, device=executor.device, cells=cells))
         phases["limits"] = round(clock() - started, 1)
     phase.limits_checked, phases["limits"] = True, round(clock() - started, 1)
